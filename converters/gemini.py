@@ -145,7 +145,15 @@ def _parse_function_response(part: Mapping[str, Any], where: str, fields: Unknow
     resp = _camel(expect(part, "functionResponse", dict, where))
     here = f"{where}.functionResponse"
     fields.check("contents.parts.functionResponse", resp, {"id", "name", "response", "parts"})
-    content: list[ResultContent] = [TextPart(dumps(expect(resp, "response", dict, here) or {}))]
+    response = expect(resp, "response", dict, here) or {}
+    # The inverse of rendering a plain-text result as {"output": text} / {"error": text}: a text result that went
+    # through Gemini comes back as the same text, so it reads the same in every other format.
+    wrapped = next(iter(response.values())) if len(response) == 1 else None
+    is_error = isinstance(wrapped, str) and "error" in response
+    if isinstance(wrapped, str) and ("output" in response or is_error):
+        content: list[ResultContent] = [TextPart(wrapped)]
+    else:
+        content = [TextPart(dumps(response))]
     for i, extra in enumerate(expect(resp, "parts", list, here) or []):
         if not isinstance(extra, dict) or not ({"inlineData", "fileData"} & set(_camel(extra))):
             raise _bad(f"{here}.parts[{i}]: only inlineData / fileData parts are supported", "parts")
@@ -154,6 +162,7 @@ def _parse_function_response(part: Mapping[str, Any], where: str, fields: Unknow
         call_id=expect(resp, "id", str, here) or "",
         content=tuple(content),
         name=expect(resp, "name", str, here, required=True),
+        is_error=is_error,
         provider_state=_signature(part, where),
     )
 
