@@ -1,0 +1,381 @@
+"""Call records: one typed row per model call, its versioned Arrow schema, and readers over Parquet shards.
+
+Contract
+--------
+* :class:`CallRecord` is one model call as the capture addon saw it; token data travels in :class:`TurnTokens`
+  (``prompt_ids``, ``completion_ids``, ``completion_logprobs``), checked on construction. Both are frozen.
+* :data:`SCHEMA` is the explicit Arrow schema of the Parquet shards (field by field in ``docs/records.md``); its
+  metadata carries :data:`SCHEMA_VERSION`. Bump the version on any change to the fields or their meaning.
+* :func:`to_batch` / :func:`records_from_table` convert between records and Arrow (a one-row record batch is also
+  what the write-ahead log stores, so WAL, shards and readers share one conversion).
+* :func:`pack_json` / :func:`unpack_json` make and read the zstd-compressed JSON of ``request_canonical`` and
+  ``completion_canonical`` (standard zstd frames: ``zstd -d`` reads them too).
+* :func:`read_records` reads every shard of one or many run folders, local or on any pyarrow filesystem, through
+  ``pyarrow.dataset``; :func:`iter_sessions` splits such a table into sessions ordered by ``call_index``.
+
+The durable writer is :class:`addon.record_store.RecordStore`. Nothing here imports mitmproxy.
+
+Layout: schema, typed records, Arrow conversion, JSON blobs, readers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from converters.canonical import WIRE_FORMATS, FinishReason, WireFormat
+
+SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION_KEY: Final = b"harnessrl.schema_version"
+RUN_ID_KEY: Final = b"harnessrl.run_id"
+SHARD_NAME: Final = re.compile(r"^shard-(\d{5,})\.parquet$")
+
+_TS = pa.timestamp("us", tz="UTC")
+SCHEMA: Final = pa.schema(
+    [
+        pa.field("schema_version", pa.int16(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("call_index", pa.int32(), nullable=False),
+        pa.field("call_id", pa.string(), nullable=False),
+        pa.field("harness", pa.string(), nullable=False),
+        pa.field("harness_version", pa.string()),
+        pa.field("wire_format", pa.string(), nullable=False),
+        pa.field("route", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("served_model", pa.string()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("received_at", _TS, nullable=False),
+        pa.field("first_token_at", _TS),
+        pa.field("done_at", _TS, nullable=False),
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("finish_reason", pa.string()),
+        pa.field("tool_call_names", pa.list_(pa.string()), nullable=False),
+        pa.field("tool_call_count", pa.int32(), nullable=False),
+        pa.field("auxiliary", pa.bool_(), nullable=False),
+        pa.field("auxiliary_reason", pa.string()),
+        pa.field("sampling_requested", pa.string(), nullable=False),
+        pa.field("sampling_applied", pa.string(), nullable=False),
+        pa.field("request_canonical", pa.binary(), nullable=False),
+        pa.field("completion_canonical", pa.binary()),
+        pa.field("error", pa.string()),
+        pa.field("budget_stop", pa.string()),
+        pa.field("incomplete", pa.bool_(), nullable=False),
+        pa.field("identity_hints", pa.string(), nullable=False),
+        pa.field("parent_call_id", pa.string()),
+        pa.field("fork_reason", pa.string()),
+        pa.field("prompt_reused_tokens", pa.int32(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
+)
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TurnTokens:
+    """The exact token ids of one call: the prompt the engine saw, and what it sampled with each token's logprob."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...] = ()
+    completion_logprobs: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Accept any sequence (lists from the engine) but store tuples, so a record cannot change after the fact.
+        for name in ("prompt_ids", "completion_ids", "completion_logprobs"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        try:
+            # Round to float32 now, as the column stores them: a record then equals itself read back.
+            logprobs = array("f", self.completion_logprobs).tolist()
+        except (OverflowError, TypeError) as e:
+            raise ValueError(f"completion_logprobs must be float32 numbers: {e}") from e
+        if any(math.isnan(x) for x in logprobs):
+            raise ValueError("completion_logprobs must not contain NaN")
+        object.__setattr__(self, "completion_logprobs", tuple(logprobs))
+        if len(self.completion_ids) != len(self.completion_logprobs):
+            raise ValueError(
+                f"completion_ids has {len(self.completion_ids)} tokens but completion_logprobs has "
+                f"{len(self.completion_logprobs)}; each sampled token needs exactly one logprob"
+            )
+        for name in ("prompt_ids", "completion_ids"):
+            ids = getattr(self, name)
+            if ids and (min(ids) < 0 or max(ids) > _INT32_MAX):
+                raise ValueError(f"{name} must hold token ids in [0, 2**31); got {min(ids)}..{max(ids)}")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call. ``schema_version`` and ``tool_call_count`` are columns derived when the row is written.
+
+    Timestamps must be timezone-aware (they are stored in UTC). ``sampling_*`` and ``identity_hints`` are
+    JSON-compatible mappings stored as JSON text; ``request_canonical`` / ``completion_canonical`` are
+    :func:`pack_json` bytes.
+    """
+
+    run_id: str
+    session_id: str
+    call_index: int
+    call_id: str
+    harness: str
+    wire_format: WireFormat
+    route: str
+    model: str
+    received_at: datetime
+    done_at: datetime
+    tokens: TurnTokens
+    request_canonical: bytes
+    harness_version: str | None = None
+    served_model: str | None = None
+    policy_version: int | None = None
+    first_token_at: datetime | None = None
+    finish_reason: FinishReason | None = None
+    tool_call_names: tuple[str, ...] = ()
+    auxiliary: bool = False
+    auxiliary_reason: str | None = None
+    sampling_requested: Mapping[str, Any] = field(default_factory=dict)
+    sampling_applied: Mapping[str, Any] = field(default_factory=dict)
+    completion_canonical: bytes | None = None
+    error: str | None = None
+    budget_stop: str | None = None
+    incomplete: bool = False
+    identity_hints: Mapping[str, str] = field(default_factory=dict)
+    parent_call_id: str | None = None
+    fork_reason: str | None = None
+    prompt_reused_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool_call_names, tuple):
+            object.__setattr__(self, "tool_call_names", tuple(self.tool_call_names))
+        for name in ("run_id", "session_id", "call_id"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        if self.wire_format not in WIRE_FORMATS:
+            raise ValueError(f"wire_format {self.wire_format!r} is not one of {', '.join(WIRE_FORMATS)}")
+        if not 0 <= self.call_index <= _INT32_MAX:
+            raise ValueError(f"call_index must be in [0, 2**31); got {self.call_index}")
+        self._check_times()
+        if self.auxiliary != (self.auxiliary_reason is not None):
+            raise ValueError("auxiliary_reason is required for an auxiliary call and forbidden otherwise")
+        if self.fork_reason is not None and self.parent_call_id is None:
+            raise ValueError("fork_reason needs a parent_call_id (a fork is relative to a parent call)")
+        if not 0 <= self.prompt_reused_tokens <= len(self.tokens.prompt_ids):
+            raise ValueError(
+                f"prompt_reused_tokens={self.prompt_reused_tokens} must be within the prompt's "
+                f"{len(self.tokens.prompt_ids)} tokens"
+            )
+
+    def _check_times(self) -> None:
+        stamps = [("received_at", self.received_at), ("first_token_at", self.first_token_at)]
+        stamps.append(("done_at", self.done_at))
+        present = [(name, t) for name, t in stamps if t is not None]
+        for name, t in present:
+            if t.tzinfo is None or t.utcoffset() is None:
+                raise ValueError(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
+        for (a_name, a), (b_name, b) in zip(present, present[1:], strict=False):
+            if a > b:
+                raise ValueError(f"{a_name} ({a.isoformat()}) is after {b_name} ({b.isoformat()})")
+
+
+# ------------------------------------------------------------------------------------------------ Arrow conversion
+
+
+def _dumps(value: Mapping[str, Any], what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} is not JSON-serialisable: {e}") from e
+
+
+def to_row(record: CallRecord) -> dict[str, Any]:
+    """The record as a dict of column values (schema order)."""
+    tokens = record.tokens
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": record.run_id,
+        "session_id": record.session_id,
+        "call_index": record.call_index,
+        "call_id": record.call_id,
+        "harness": record.harness,
+        "harness_version": record.harness_version,
+        "wire_format": record.wire_format,
+        "route": record.route,
+        "model": record.model,
+        "served_model": record.served_model,
+        "policy_version": record.policy_version,
+        "received_at": record.received_at,
+        "first_token_at": record.first_token_at,
+        "done_at": record.done_at,
+        "prompt_ids": tokens.prompt_ids,
+        "completion_ids": tokens.completion_ids,
+        "completion_logprobs": tokens.completion_logprobs,
+        "finish_reason": record.finish_reason,
+        "tool_call_names": record.tool_call_names,
+        "tool_call_count": len(record.tool_call_names),
+        "auxiliary": record.auxiliary,
+        "auxiliary_reason": record.auxiliary_reason,
+        "sampling_requested": _dumps(record.sampling_requested, "sampling_requested"),
+        "sampling_applied": _dumps(record.sampling_applied, "sampling_applied"),
+        "request_canonical": record.request_canonical,
+        "completion_canonical": record.completion_canonical,
+        "error": record.error,
+        "budget_stop": record.budget_stop,
+        "incomplete": record.incomplete,
+        "identity_hints": _dumps(record.identity_hints, "identity_hints"),
+        "parent_call_id": record.parent_call_id,
+        "fork_reason": record.fork_reason,
+        "prompt_reused_tokens": record.prompt_reused_tokens,
+    }
+
+
+def to_batch(records: Sequence[CallRecord]) -> pa.RecordBatch:
+    """Records as one record batch of :data:`SCHEMA` (raises ValueError if a value does not fit its column)."""
+    rows = [to_row(r) for r in records]
+    try:
+        return pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise ValueError(f"record does not fit the schema: {e}") from e
+
+
+def from_row(row: Mapping[str, Any]) -> CallRecord:
+    """Rebuild a record from a row of :data:`SCHEMA` (as ``Table.to_pylist`` gives it)."""
+    version = row["schema_version"]
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"row has schema version {version}; this code reads version {SCHEMA_VERSION}")
+    derived = {"schema_version", "tool_call_count", "prompt_ids", "completion_ids", "completion_logprobs"}
+    fields = {k: v for k, v in row.items() if k not in derived}
+    for name in ("sampling_requested", "sampling_applied", "identity_hints"):
+        fields[name] = json.loads(fields[name])
+    fields["tokens"] = TurnTokens(row["prompt_ids"], row["completion_ids"], row["completion_logprobs"])
+    fields["tool_call_names"] = tuple(row["tool_call_names"])
+    return CallRecord(**fields)
+
+
+def records_from_table(table: pa.Table | pa.RecordBatch) -> list[CallRecord]:
+    return [from_row(row) for row in table.to_pylist()]
+
+
+# ------------------------------------------------------------------------------------------------ JSON blobs
+
+_ZSTD_MAGIC = 0xFD2FB528
+_codec = pa.Codec("zstd", compression_level=3)
+
+
+def pack_json(value: Any) -> bytes:
+    """JSON-encode ``value`` and compress it as one zstd frame (with its content size, which unpack needs)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    packed: bytes = _codec.compress(text.encode(), asbytes=True)
+    return packed
+
+
+def unpack_json(blob: bytes) -> Any:
+    """Inverse of :func:`pack_json`."""
+    size = _zstd_content_size(blob)
+    return json.loads(_codec.decompress(blob, decompressed_size=size, asbytes=True))
+
+
+def _zstd_content_size(blob: bytes) -> int:
+    """The frame content size from a zstd frame header (RFC 8878, 3.1.1.1); pyarrow's decompress needs it."""
+    if len(blob) < 6 or struct.unpack_from("<I", blob)[0] != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame")
+    descriptor = blob[4]
+    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    offset = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if fcs_size == 0:
+        raise ValueError("zstd frame does not record its content size")
+    size = int.from_bytes(blob[offset : offset + fcs_size], "little")
+    return size + 256 if fcs_size == 2 else size
+
+
+# ------------------------------------------------------------------------------------------------ readers
+
+
+def _resolve(source: str | os.PathLike[str], filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    if filesystem is not None:
+        return filesystem, os.fspath(source)
+    text = os.fspath(source)
+    if "://" in text:
+        fs, path = pafs.FileSystem.from_uri(text)
+        return fs, path
+    return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+def shard_files(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], filesystem: pafs.FileSystem | None = None
+) -> tuple[pafs.FileSystem, list[str]]:
+    """Every finished ``shard-*.parquet`` under ``sources`` (searched recursively; ``.tmp`` files never match)."""
+    items = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
+    resolved = [_resolve(item, filesystem) for item in items]
+    filesystems = {type(fs) for fs, _ in resolved}
+    if len(filesystems) > 1:
+        raise ValueError("all sources must be on one filesystem")
+    fs = resolved[0][0] if resolved else (filesystem or pafs.LocalFileSystem())
+    files: list[str] = []
+    for _, path in resolved:
+        selector = pafs.FileSelector(path, recursive=True)
+        for info in fs.get_file_info(selector):
+            if info.type == pafs.FileType.File and SHARD_NAME.match(info.base_name):
+                files.append(info.path)
+    return fs, sorted(files)
+
+
+def read_records(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    filesystem: pafs.FileSystem | None = None,
+    columns: Sequence[str] | None = None,
+    filter: pc.Expression | None = None,
+) -> pa.Table:
+    """All rows of all shards under ``sources`` (run folders or folders of runs) as one table of :data:`SCHEMA`.
+
+    ``sources`` are local paths, URIs (``s3://…``) or paths inside ``filesystem``. ``columns`` and ``filter`` are
+    pushed down to Parquet, so reading only ``session_id``/``call_id`` of a large corpus stays cheap.
+    """
+    fs, files = shard_files(sources, filesystem)
+    dataset = ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=fs)
+    for fragment in dataset.get_fragments():
+        version = (fragment.physical_schema.metadata or {}).get(SCHEMA_VERSION_KEY)
+        if version != str(SCHEMA_VERSION).encode():
+            raise ValueError(f"{fragment.path} has schema version {version!r}; expected {SCHEMA_VERSION}")
+    return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+
+
+@dataclass(frozen=True)
+class Session:
+    """One session's calls, in ``call_index`` order."""
+
+    run_id: str
+    session_id: str
+    calls: pa.Table
+
+
+def iter_sessions(table: pa.Table) -> Iterator[Session]:
+    """Split a :func:`read_records` table by ``(run_id, session_id)``, each sorted by ``call_index``."""
+    n = table.num_rows
+    if n == 0:
+        return
+    ordered = table.sort_by([("run_id", "ascending"), ("session_id", "ascending"), ("call_index", "ascending")])
+    run, session = ordered["run_id"], ordered["session_id"]
+    # Sorting made each session contiguous: a session starts where (run_id, session_id) differs from the row before.
+    changed = pc.or_(
+        pc.not_equal(run.slice(1), run.slice(0, n - 1)), pc.not_equal(session.slice(1), session.slice(0, n - 1))
+    )
+    starts = [0] + [i + 1 for i in pc.indices_nonzero(changed).to_pylist()] + [n]
+    for start, end in zip(starts, starts[1:], strict=False):
+        yield Session(run[start].as_py(), session[start].as_py(), ordered.slice(start, end - start))

@@ -1,0 +1,1 @@
+"""Task sets, harness adapters and collection (coming with the collect issue)."""

@@ -1,0 +1,220 @@
+"""Tests for addon.records: typed records, the versioned schema, JSON blobs, and the readers."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from addon.records import (
+    RUN_ID_KEY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    CallRecord,
+    TurnTokens,
+    from_row,
+    iter_sessions,
+    pack_json,
+    read_records,
+    records_from_table,
+    shard_files,
+    to_batch,
+    to_row,
+    unpack_json,
+)
+from tests.record_factory import make_record, records
+
+# ------------------------------------------------------------------------------------------------ typed records
+
+
+def test_turn_tokens_rejects_unequal_completion_and_logprobs() -> None:
+    with pytest.raises(ValueError, match="completion_ids has 2 tokens but completion_logprobs has 1"):
+        TurnTokens((1, 2, 3), (4, 5), (-0.1,))
+
+
+def test_turn_tokens_stores_tuples_and_float32_logprobs() -> None:
+    tokens = TurnTokens([1, 2], [3], [-0.1])  # type: ignore[arg-type]  # lists are accepted and frozen to tuples
+    assert tokens.prompt_ids == (1, 2) and tokens.completion_ids == (3,)
+    assert tokens.completion_logprobs == (pa.scalar(-0.1, pa.float32()).as_py(),)
+    assert tokens.completion_logprobs[0] != -0.1  # rounded to what the float32 column will hold
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion", "logprobs", "message"),
+    [
+        ([-1], [], [], "prompt_ids must hold token ids"),
+        ([1], [2**31], [0.0], "completion_ids must hold token ids"),
+        ([1], [2], [float("nan")], "NaN"),
+    ],
+)
+def test_turn_tokens_rejects_bad_values(
+    prompt: list[int], completion: list[int], logprobs: list[float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TurnTokens(tuple(prompt), tuple(completion), tuple(logprobs))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"call_id": ""}, "call_id must not be empty"),
+        ({"wire_format": "grpc"}, "wire_format 'grpc' is not one of"),
+        ({"call_index": -1}, "call_index must be in"),
+        ({"received_at": datetime(2026, 1, 1)}, "timezone-aware"),
+        ({"auxiliary": False}, "auxiliary_reason is required for an auxiliary call and forbidden otherwise"),
+        ({"auxiliary_reason": None}, "auxiliary_reason is required"),
+        ({"parent_call_id": None}, "fork_reason needs a parent_call_id"),
+        ({"prompt_reused_tokens": 65}, "must be within the prompt's 64 tokens"),
+    ],
+)
+def test_call_record_validation(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_record(3, **overrides)
+
+
+def test_call_record_rejects_done_before_first_token() -> None:
+    rec = make_record(1)
+    assert rec.first_token_at is not None
+    with pytest.raises(ValueError, match="first_token_at .* is after done_at"):
+        replace(rec, done_at=rec.first_token_at - timedelta(microseconds=1))
+
+
+def test_unserialisable_mapping_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="sampling_applied is not JSON-serialisable"):
+        to_row(make_record(1, sampling_applied={"x": object()}))
+
+
+# ------------------------------------------------------------------------------------------------ schema + conversion
+
+
+def test_schema_carries_its_version_and_every_contract_field() -> None:
+    assert SCHEMA.metadata[SCHEMA_VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    assert SCHEMA.field("prompt_ids").type == pa.list_(pa.int32())
+    assert SCHEMA.field("completion_logprobs").type == pa.list_(pa.float32())
+    assert SCHEMA.field("received_at").type == pa.timestamp("us", tz="UTC")
+    assert SCHEMA.field("request_canonical").type == pa.binary()
+    assert SCHEMA.field("policy_version").type == pa.int64()
+    documented = Path(__file__).resolve().parents[1].joinpath("docs", "records.md").read_text()
+    for name in SCHEMA.names:
+        assert f"`{name}`" in documented, f"docs/records.md does not document {name}"
+
+
+def test_round_trip_of_every_field() -> None:
+    originals = [make_record(i, session_id="s" + str(i % 2)) for i in range(4)]
+    batch = to_batch(originals)
+    assert batch.schema.equals(SCHEMA, check_metadata=True)
+    row = batch.slice(2, 1).to_pylist()[0]
+    assert row["tool_call_count"] == 2 and row["schema_version"] == SCHEMA_VERSION
+    assert row["sampling_applied"] == '{"max_tokens":4096,"seed":2,"temperature":1.0}'
+    assert row["received_at"].tzinfo is not None
+    assert records_from_table(batch) == originals
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(), min_size=1, max_size=5, unique=True).flatmap(
+        lambda ids: st.tuples(*[records(call_id=f"c{i}") for i in ids])
+    )
+)
+def test_any_record_survives_arrow_and_ipc(recs: tuple[CallRecord, ...]) -> None:
+    batch = to_batch(list(recs))
+    reread = pa.ipc.read_record_batch(batch.serialize(), SCHEMA)
+    assert records_from_table(reread) == list(recs)
+
+
+def test_from_row_rejects_another_schema_version() -> None:
+    row = to_row(make_record(1)) | {"schema_version": SCHEMA_VERSION + 1}
+    with pytest.raises(ValueError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        from_row(row)
+
+
+# ------------------------------------------------------------------------------------------------ JSON blobs
+
+
+@pytest.mark.parametrize("size", [0, 10, 300, 70_000, 2_000_000])
+def test_pack_json_round_trip_at_every_content_size_width(size: int) -> None:
+    value = {"text": "x" * size, "n": [1, 2.5, None, "é"]}
+    blob = pack_json(value)
+    assert blob[:4] == b"\x28\xb5\x2f\xfd"  # a standard zstd frame
+    assert unpack_json(blob) == value
+
+
+def test_pack_json_is_a_standard_zstd_frame() -> None:
+    """Any zstd decoder reads the column: the zstd tool itself decompresses a blob to the JSON text."""
+    out = subprocess.run(["zstd", "-dc"], input=pack_json({"b": [1, 2], "a": "é"}), capture_output=True, check=True)
+    assert out.stdout.decode() == '{"a":"é","b":[1,2]}'
+
+
+def test_unpack_json_rejects_non_zstd() -> None:
+    with pytest.raises(ValueError, match="not a zstd frame"):
+        unpack_json(b'{"a": 1}')
+
+
+# ------------------------------------------------------------------------------------------------ readers
+
+
+def _write_shard(folder: Path, index: int, recs: list[CallRecord]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_batches([to_batch(recs)])
+    table = table.replace_schema_metadata({**SCHEMA.metadata, RUN_ID_KEY: recs[0].run_id.encode()})
+    pq.write_table(table, folder / f"shard-{index:05d}.parquet", compression="zstd")
+
+
+def test_read_records_over_many_runs_ignores_tmp_and_manifest(tmp_path: Path) -> None:
+    a = [make_record(i, run_id="run-a") for i in range(3)]
+    b = [make_record(i, run_id="run-b", session_id="other") for i in range(2)]
+    _write_shard(tmp_path / "run-a", 0, a[:2])
+    _write_shard(tmp_path / "run-a", 1, a[2:])
+    _write_shard(tmp_path / "run-b", 0, b)
+    (tmp_path / "run-a" / "shard-00002.parquet.tmp").write_bytes(b"half a shard")
+    (tmp_path / "run-a" / "manifest.json").write_text("{}")
+    table = read_records(tmp_path)
+    assert table.num_rows == 5
+    assert sorted(records_from_table(table), key=lambda r: r.call_id) == sorted(a + b, key=lambda r: r.call_id)
+    assert read_records([tmp_path / "run-a", tmp_path / "run-b"]).num_rows == 5
+    assert read_records(tmp_path / "run-b").num_rows == 2
+    (tmp_path / "empty").mkdir()
+    empty = read_records(tmp_path / "empty")
+    assert empty.num_rows == 0 and empty.schema.names == SCHEMA.names
+    with pytest.raises(FileNotFoundError):  # a mistyped folder is an error, not an empty corpus
+        read_records(tmp_path / "no-such-run")
+
+
+def test_read_records_through_a_pyarrow_filesystem(tmp_path: Path) -> None:
+    _write_shard(tmp_path / "runs" / "r", 0, [make_record(i, run_id="r") for i in range(3)])
+    fs = pafs.SubTreeFileSystem(str(tmp_path / "runs"), pafs.LocalFileSystem())
+    assert shard_files("r", fs)[1] == ["r/shard-00000.parquet"]
+    table = read_records("r", filesystem=fs, columns=["call_id", "policy_version"], filter=pc.field("call_index") > 0)
+    assert table.column_names == ["call_id", "policy_version"]
+    assert table["policy_version"].to_pylist() == [8, 9]
+
+
+def test_read_records_refuses_a_shard_of_another_schema_version(tmp_path: Path) -> None:
+    table = pa.Table.from_batches([to_batch([make_record(1)])]).replace_schema_metadata({SCHEMA_VERSION_KEY: b"0"})
+    pq.write_table(table, tmp_path / "shard-00000.parquet")
+    with pytest.raises(ValueError, match="has schema version b'0'"):
+        read_records(tmp_path)
+
+
+def test_iter_sessions_groups_by_run_and_session_in_call_order(tmp_path: Path) -> None:
+    recs = [make_record(i, session_id="s1") for i in (2, 0, 1)] + [make_record(5, session_id="s0")]
+    recs += [make_record(0, run_id="run-0", session_id="s1")]
+    table = pa.Table.from_batches([to_batch(recs[:2]), to_batch(recs[2:])])  # chunked, as read_records gives it
+    sessions = list(iter_sessions(table))
+    assert [(s.run_id, s.session_id, s.calls["call_index"].to_pylist()) for s in sessions] == [
+        ("run-0", "s1", [0]),
+        ("run-1", "s0", [5]),
+        ("run-1", "s1", [0, 1, 2]),
+    ]
+    assert list(iter_sessions(table.slice(0, 0))) == []
