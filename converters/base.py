@@ -8,8 +8,8 @@ A :class:`Dialect` is a stateless object per wire format:
   :class:`~converters.canonical.ModelRequest`, or raises :class:`~converters.canonical.ConversionError`.
 * ``render_request(request)`` is the inverse (used by round-trip tests and the benchmark replayer).
 * ``render_completion(completion)`` gives the non-streaming JSON body.
-* ``stream_encoder(route, request)`` gives a fresh :class:`StreamEncoder`: a sans-IO transducer fed canonical stream events,
-  returning the exact bytes to send for each. ``error(err)`` renders an in-stream error event.
+* ``stream_encoder(route, request)`` gives a fresh :class:`StreamEncoder`: a sans-IO transducer fed canonical stream
+  events, returning the exact bytes to send for each. ``error(err)`` renders an in-stream error event.
 * ``render_error(err)`` gives a :class:`~converters.canonical.WireResponse` in the vendor's error shape.
 
 Nothing here does I/O or imports mitmproxy. Unknown request fields go to an :class:`UnknownFields` sink, which logs

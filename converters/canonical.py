@@ -213,7 +213,7 @@ OutputFormat: TypeAlias = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 @dataclass(frozen=True)
 class ReasoningRequest:
-    """What the caller asked of reasoning: Anthropic ``thinking``, Responses ``reasoning``, Gemini ``thinkingConfig``."""
+    """What the caller asked of reasoning: Anthropic thinking, Responses reasoning, Gemini thinkingConfig."""
 
     enabled: bool | None = None
     effort: str | None = None

@@ -9,7 +9,7 @@ Contract
 * :func:`parse_request` turns a request body into a :class:`~converters.canonical.ModelRequest`; the model
   and the stream flag come from the :class:`~converters.base.Route`, never from the body. Its inverse is
   :func:`converters.gemini_render.render_request`; responses live in :mod:`converters.gemini_stream`.
-* Mapping choices (see docs/wire-formats/gemini.md): role ``model`` is ``assistant``; a ``user``/``function``
+* Mapping choices (see docs/wire-formats.md, "Google Gemini"): role ``model`` is ``assistant``; a ``user``/``function``
   content made only of ``functionResponse`` parts is a ``tool`` message; a missing call id is ``""``; a
   ``functionResponse.response`` object becomes the JSON text of a :class:`TextPart`; part-level
   ``thoughtSignature`` travels in ``ProviderState("gemini", {"thoughtSignature": ...})``; a declaration that

@@ -11,7 +11,7 @@ Contract
 converted by :mod:`converters.responses_items`; the output side (response bodies, the stream encoder,
 errors) lives in :mod:`converters.responses_stream`.
 
-Decisions (all in docs/wire-formats/responses.md):
+Decisions (all in docs/wire-formats.md, "OpenAI Responses"):
 
 * ``instructions`` becomes a leading ``system`` message marked ``{"source": "instructions"}``; ``developer``
   and ``system`` input items stay messages of their role.
