@@ -38,6 +38,8 @@ import json
 import logging
 import os
 import threading
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -238,7 +240,9 @@ class RecordStore:
             raise RecordStoreError(f"{self.folder} belongs to run {found!r}, not {requested!r}")
         chosen = found or requested or self._run_id_from_wal()
         if not chosen:
-            raise RecordStoreError(f"{self.folder} is a new run folder: pass run_id")
+            # A new folder and no run id given: start a new run, named so that runs sort by start time.
+            chosen = f"run-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+            log.info("%s: new run %s", self.folder, chosen)
         return chosen
 
     def _run_id_from_wal(self) -> str | None:

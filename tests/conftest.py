@@ -39,3 +39,122 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2-tokenizer")
     subprocess.run([str(ENGINE_PYTHON), "-c", _BUILD_TOKENIZER, str(out)], check=True, timeout=300)
     return out
+
+
+# ------------------------------------------------------------------------------------------ engine and proxy fixtures
+# The integration tier needs one vLLM engine and one mitmdump for the whole session. `make test` starts the engine
+# once and passes ENGINE_URL; run alone, the fixture starts (and stops) its own through the engine env's CLI.
+
+PROXY_BIN = ROOT / ".venvs" / "proxy" / "bin"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}\n{tail}")
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception:
+            pass
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"{what}: not ready after {timeout:.0f}s\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def engine_url(tmp_path_factory: pytest.TempPathFactory):
+    """URL of a running vLLM engine serving the default model (ENGINE_URL, or one started for this session)."""
+    given = os.environ.get("ENGINE_URL")
+    if given:
+        yield given.rstrip("/")
+        return
+    run_dir = tmp_path_factory.mktemp("engine-run")
+    out = subprocess.run(
+        [str(ENGINE_PYTHON), "-m", "trainer.engine", "serve", "--port", str(free_port()), "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    try:
+        yield out.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([str(ENGINE_PYTHON), "-m", "trainer.engine", "stop", "--run-dir", str(run_dir)], cwd=ROOT)
+
+
+class Proxy:
+    """A running ``mitmdump -s addon/capture.py`` in regular proxy mode."""
+
+    def __init__(self, port: int, admin_port: int, confdir: Path, records: Path, log: Path) -> None:
+        self.port, self.admin_port, self.confdir, self.records, self.log = port, admin_port, confdir, records, log
+
+    @property
+    def ca(self) -> Path:
+        return self.confdir / "mitmproxy-ca-cert.pem"
+
+    def url(self, session: str) -> str:
+        return f"http://{session}:token@127.0.0.1:{self.port}"
+
+    def admin(self, method: str, path: str) -> dict:
+        import httpx
+
+        r = httpx.request(method, f"http://127.0.0.1:{self.admin_port}/_harnessrl/admin/{path}", timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+
+def start_proxy(tmp: Path, engine: str, *extra: str) -> tuple[subprocess.Popen, Proxy]:
+    import httpx
+
+    port, admin = free_port(), free_port()
+    confdir, records, log = tmp / "mitm", tmp / "records", tmp / "mitmdump.log"
+    cmd = [
+        str(PROXY_BIN / "mitmdump"),
+        "--mode", "regular", "--listen-host", "127.0.0.1", "--listen-port", str(port),
+        "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy", "--set", "upstream_cert=false",
+        "--set", "proxyauth=any", "-s", str(ROOT / "addon" / "capture.py"),
+        "--set", f"harnessrl_engine_url={engine}", "--set", f"harnessrl_records_dir={records}",
+        "--set", f"harnessrl_server_port={admin}", *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    proxy = Proxy(port, admin, confdir, records, log)
+
+    def ready() -> bool:
+        return proxy.ca.exists() and httpx.get(f"http://127.0.0.1:{admin}/_harnessrl/admin/stats").status_code == 200
+
+    wait_until(ready, 120, "mitmdump with the capture addon", proc, log)
+    return proc, proxy
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def proxy(tmp_path_factory: pytest.TempPathFactory, engine_url: str):
+    """One mitmdump + capture addon for the session, seeded so calls can be replayed against the engine."""
+    proc, p = start_proxy(tmp_path_factory.mktemp("proxy"), engine_url, "--set", "harnessrl_seed=1234")
+    try:
+        yield p
+    finally:
+        stop_process(proc)

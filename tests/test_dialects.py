@@ -72,7 +72,12 @@ def semantics(req: ModelRequest) -> dict:
             elif isinstance(part, ToolResultPart):
                 flat.append(("user", "result", part.call_id, part.text))
     tools = sorted((t.name, t.description, json.dumps(t.parameters, sort_keys=True)) for t in req.tools)
-    return {"flat": flat, "tools": tools, "max_tokens": req.sampling.max_tokens, "temperature": req.sampling.temperature}
+    return {
+        "flat": flat,
+        "tools": tools,
+        "max_tokens": req.sampling.max_tokens,
+        "temperature": req.sampling.temperature,
+    }
 
 
 def through(req: ModelRequest, fmt: str) -> ModelRequest:

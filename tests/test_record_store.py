@@ -104,8 +104,9 @@ def test_shard_then_wal_retired_then_manifest_last(tmp_path: Path, monkeypatch: 
 
 
 def test_validation_of_appends_and_opens(tmp_path: Path) -> None:
-    with pytest.raises(RecordStoreError, match="new run folder: pass run_id"):
-        RecordStore.open(tmp_path / "new")
+    fresh = RecordStore.open(tmp_path / "new")  # a new folder without a run id starts a new, time-named run
+    assert fresh.run_id.startswith("run-")
+    fresh.close()
     store = RecordStore.open(tmp_path, "run-1")
     store.append(make_record(0))
     with pytest.raises(ValueError, match="already in the store"):

@@ -9,7 +9,10 @@ from addon.sessions import UNATTRIBUTED, Budget, Evidence, SessionRegistry, attr
 
 def test_attribution_takes_the_first_source_that_has_a_value() -> None:
     sources = parse_sources("proxyauth,prefix,header")
-    assert attribute(sources, Evidence(proxyauth_user="a", prefix_session="b", header_session="c")) == ("a", "proxyauth")
+    assert attribute(sources, Evidence(proxyauth_user="a", prefix_session="b", header_session="c")) == (
+        "a",
+        "proxyauth",
+    )
     assert attribute(sources, Evidence(prefix_session="b", header_session="c")) == ("b", "prefix")
     assert attribute(sources, Evidence(header_session="c", api_key="k")) == ("c", "header")
     # the API key is never used unless asked for: a session id in a key leaks into graders

@@ -1,0 +1,109 @@
+"""The capture addon's options: declared once for mitmproxy's loader, parsed once into :class:`CaptureConfig`.
+
+Every knob is a ``--set harnessrl_*=value`` option (no environment variables). ``CaptureConfig.from_options``
+validates across fields and raises ``ValueError`` with a message that says what to change; the addon turns it
+into mitmproxy's ``OptionsError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from addon.generate import SamplingPolicy
+from addon.sessions import Budget, SessionSource, parse_sources
+
+DEFAULT_HOSTS = "api.anthropic.com,api.openai.com,generativelanguage.googleapis.com"
+
+# name, type, default, help
+OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
+    ("harnessrl_engine_url", str, "http://127.0.0.1:8000", "Base URL of the vLLM server answering model calls."),
+    ("harnessrl_model_dir", str, "", "Tokenizer/chat-template folder; empty: the engine's own model folder."),
+    ("harnessrl_records_dir", str, "runs/records", "Folder for the Parquet shards and write-ahead log."),
+    ("harnessrl_run_id", str, "", "Run id written in every record; empty: a new one per start."),
+    ("harnessrl_hosts", str, DEFAULT_HOSTS, "Comma-separated hosts answered locally; '*' for all (reverse mode)."),
+    ("harnessrl_session_sources", str, "proxyauth,prefix,header", "Where session ids come from, in order."),
+    ("harnessrl_max_calls", int, 0, "Per-session cap on model calls (0: none); past it, a budget stop."),
+    ("harnessrl_max_tokens", int, 0, "Per-session cap on prompt+completion tokens (0: none)."),
+    ("harnessrl_max_seconds", float, 0.0, "Per-session cap on wall time in seconds (0: none)."),
+    ("harnessrl_temperature", str, "", "Force this sampling temperature; empty: the request's, else 1.0."),
+    ("harnessrl_default_max_tokens", int, 1024, "max_tokens when the request gives none (clamped to the context)."),
+    ("harnessrl_neutral_sampling", bool, True, "Force top_p/top_k/min_p/penalties neutral (unbiased logprobs)."),
+    ("harnessrl_seed", int, -1, "Sampling seed for calls whose request gives none (-1: unseeded)."),
+    ("harnessrl_max_body", int, 16 * 1024 * 1024, "Largest request body accepted, in bytes (else a 413)."),
+    ("harnessrl_server_port", int, 0, "Port of the internal generation/admin server on 127.0.0.1 (0: any)."),
+    ("harnessrl_force_tool_calls", bool, False, "Testing only: constrain decoding so the model calls a tool."),
+    ("harnessrl_shard_rows", int, 1000, "Rows per Parquet shard."),
+)
+
+
+def add_options(loader) -> None:
+    for name, typ, default, help_text in OPTIONS:
+        loader.add_option(name=name, typespec=typ, default=default, help=help_text)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    engine_url: str
+    model_dir: Path | None
+    records_dir: Path
+    run_id: str | None
+    hosts: frozenset[str]
+    session_sources: tuple[SessionSource, ...]
+    budget: Budget
+    sampling: SamplingPolicy
+    max_body: int
+    server_port: int
+    shard_rows: int
+    force_tool_calls: bool = False
+
+    @classmethod
+    def from_options(cls, options: Any) -> CaptureConfig:
+        o = options
+        if not o.harnessrl_engine_url.startswith(("http://", "https://")):
+            raise ValueError(f"harnessrl_engine_url must be an http(s) URL, got {o.harnessrl_engine_url!r}")
+        hosts = frozenset(h.strip().lower() for h in o.harnessrl_hosts.split(",") if h.strip())
+        if not hosts:
+            raise ValueError("harnessrl_hosts is empty: name at least one host, or '*' for every host")
+        try:
+            sources = parse_sources(o.harnessrl_session_sources)
+        except ValueError as e:
+            raise ValueError(f"harnessrl_session_sources: {e}") from e
+        temperature: float | None = None
+        if o.harnessrl_temperature.strip():
+            try:
+                temperature = float(o.harnessrl_temperature)
+            except ValueError as e:
+                raise ValueError(f"harnessrl_temperature must be a number, got {o.harnessrl_temperature!r}") from e
+            if temperature < 0:
+                raise ValueError("harnessrl_temperature must be >= 0")
+        for name in ("harnessrl_default_max_tokens", "harnessrl_max_body", "harnessrl_shard_rows"):
+            if getattr(o, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(o, name)}")
+        return cls(
+            engine_url=o.harnessrl_engine_url.rstrip("/"),
+            model_dir=Path(o.harnessrl_model_dir) if o.harnessrl_model_dir else None,
+            records_dir=Path(o.harnessrl_records_dir),
+            run_id=o.harnessrl_run_id or None,
+            hosts=hosts,
+            session_sources=sources,
+            budget=Budget(
+                max_calls=o.harnessrl_max_calls or None,
+                max_tokens=o.harnessrl_max_tokens or None,
+                max_seconds=o.harnessrl_max_seconds or None,
+            ),
+            sampling=SamplingPolicy(
+                temperature=temperature,
+                default_max_tokens=o.harnessrl_default_max_tokens,
+                neutral=o.harnessrl_neutral_sampling,
+                seed=o.harnessrl_seed if o.harnessrl_seed >= 0 else None,
+            ),
+            max_body=o.harnessrl_max_body,
+            server_port=o.harnessrl_server_port,
+            shard_rows=o.harnessrl_shard_rows,
+            force_tool_calls=o.harnessrl_force_tool_calls,
+        )
+
+    def describe_hosts(self) -> str:
+        return "every host" if "*" in self.hosts else ", ".join(sorted(self.hosts))

@@ -1,0 +1,542 @@
+"""Async typed client for the vLLM server: token ids in, sampled token ids and their logprobs out.
+
+Contract
+--------
+* Generation goes through ``POST /v1/completions`` with ``prompt`` = a list of token ids, ``return_token_ids`` and
+  ``logprobs: 0`` (the sampled token's own logprob). Nothing is tokenized on the server's side of this client: the
+  caller renders and tokenizes, and gets back exactly the ids vLLM sampled (including a final EOS id, which the
+  ``text`` leaves out) with one logprob each. The server must run with ``--logprobs-mode processed_logprobs`` so the
+  logprobs are those of the distribution actually sampled from (after temperature, top-p/k, structured outputs).
+* :meth:`EngineClient.generate` returns one :class:`GenerationResult`; :meth:`EngineClient.stream` yields
+  :class:`GenerationChunk` s, and :func:`accumulate` folds them into the same result (``stream_options.include_usage``
+  makes the last chunk carry the usage).
+* Weight updates (the server needs ``VLLM_SERVER_DEV_MODE=1``): :meth:`EngineClient.reload_weights` pauses, reloads
+  from a safetensors folder in place (``collective_rpc`` -> the worker's ``reload_weights(weights_path=...)``),
+  resets the prefix cache (cached KV blocks were computed by the old weights), sets the weight version, resumes.
+  LoRA adapters hot-load with :meth:`EngineClient.load_lora_adapter` (needs ``--enable-lora`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); select one per request with ``GenerationRequest.model``.
+* ``/v1/completions`` does not report which weight version sampled a completion; :meth:`weight_version` reads the
+  current one (``GET /weight_info``), so callers that need it pause/reload through this client and know it.
+* Errors are one small hierarchy: :class:`EngineError` > :class:`EngineUnavailable` (connection refused/dropped),
+  :class:`EngineTimeout`, :class:`BadRequest` > :class:`ContextTooLong`, and :class:`MalformedResponse`.
+
+Only ``httpx`` is imported, so both the proxy env and the engine env can use this module.
+
+Layout: request/result types, error types, wire helpers (payload, parsing, error mapping), the client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+FinishReason = Literal["stop", "length", "abort", "error", "repetition"]
+FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort", "error", "repetition"})
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+# --- structured outputs (vLLM's `structured_outputs` request field; one kind per request) ---------------------
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    schema: Mapping[str, Any]
+    kind: Literal["json"] = field(default="json", init=False)
+
+
+@dataclass(frozen=True)
+class Regex:
+    pattern: str
+    kind: Literal["regex"] = field(default="regex", init=False)
+
+
+@dataclass(frozen=True)
+class Choice:
+    options: tuple[str, ...]
+    kind: Literal["choice"] = field(default="choice", init=False)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    ebnf: str
+    kind: Literal["grammar"] = field(default="grammar", init=False)
+
+
+StructuredOutput = JsonSchema | Regex | Choice | Grammar
+
+
+def _structured_payload(s: StructuredOutput) -> dict[str, Any]:
+    match s:
+        case JsonSchema():
+            return {"json": dict(s.schema)}
+        case Regex():
+            return {"regex": s.pattern}
+        case Choice():
+            return {"choice": list(s.options)}
+        case Grammar():
+            return {"grammar": s.ebnf}
+
+
+# --- requests and results -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sampling call. ``top_k=0`` and ``min_p=0`` disable those filters (vLLM's neutral values)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    structured: StructuredOutput | None = None
+    ignore_eos: bool = False
+    model: str | None = None  # None: the served base model; a LoRA adapter's name samples with that adapter
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        if any(not isinstance(t, int) or t < 0 for t in self.prompt_ids):
+            raise ValueError("prompt_ids must be non-negative ints")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """New tokens since the previous chunk. The last chunk of a choice has ``finish_reason`` set."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None  # the stop token id or string that ended it; None for EOS/length
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason
+    stop_reason: int | str | None
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: str
+    root: str
+    max_model_len: int | None
+    parent: str | None  # set for a LoRA adapter: the base model
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    version: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    connect: float = 5.0
+    generate: float = 600.0  # a whole non-streamed completion, or the gap between two streamed chunks
+    control: float = 300.0  # pause/reload/resume and the other control endpoints
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+class EngineError(Exception):
+    """Anything that went wrong talking to the engine. ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be reached: connection refused, or the connection dropped mid-response."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer within the configured timeout."""
+
+
+class BadRequest(EngineError):
+    """The engine rejected the request (HTTP 4xx). ``param`` names the offending field when vLLM says so."""
+
+    def __init__(self, message: str, status: int | None = 400, param: str | None = None) -> None:
+        super().__init__(message, status)
+        self.param = param
+
+
+class ContextTooLong(BadRequest):
+    """The prompt does not fit the model's context. Numbers are parsed from vLLM's message when present."""
+
+    def __init__(
+        self, message: str, max_context: int | None, prompt_tokens: int | None, param: str | None = None
+    ) -> None:
+        super().__init__(message, 400, param)
+        self.max_context = max_context
+        self.prompt_tokens = prompt_tokens
+
+
+class MalformedResponse(EngineError):
+    """The engine answered, but not in the shape this client relies on (e.g. ids and logprobs disagree)."""
+
+
+# --- wire helpers ---------------------------------------------------------------------------------------------
+
+_MAX_CONTEXT = re.compile(r"maximum context length is (\d+)")
+_PROMPT_TOKENS = re.compile(r"contains (?:at least )?(\d+) input tokens")
+
+
+def completion_payload(req: GenerationRequest, stream: bool) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "prompt": list(req.prompt_ids),
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+    if req.model is not None:
+        payload["model"] = req.model
+    if req.stop_token_ids:
+        payload["stop_token_ids"] = list(req.stop_token_ids)
+    if req.seed is not None:
+        payload["seed"] = req.seed
+    if req.structured is not None:
+        payload["structured_outputs"] = _structured_payload(req.structured)
+    if req.ignore_eos:
+        payload["ignore_eos"] = True
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    return payload
+
+
+def error_from_body(status: int, body: bytes | str) -> EngineError:
+    """Map a vLLM error response (``{"error": {"message", "type", "param", "code"}}``) to the error hierarchy."""
+    message, param = _error_fields(body)
+    if "maximum context length" in message:
+        return ContextTooLong(message, _int_match(_MAX_CONTEXT, message), _int_match(_PROMPT_TOKENS, message), param)
+    if 400 <= status < 500:
+        return BadRequest(message, status, param)
+    return EngineError(f"engine error {status}: {message}", status)
+
+
+def _error_fields(body: bytes | str) -> tuple[str, str | None]:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text.strip() or "(empty body)", None
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        message = err.get("message") or err.get("detail") or json.dumps(err)
+        param = err.get("param")
+        return str(message), param if isinstance(param, str) else None
+    return str(err), None
+
+
+def _int_match(pattern: re.Pattern[str], text: str) -> int | None:
+    m = pattern.search(text)
+    return int(m.group(1)) if m else None
+
+
+def parse_choice(choice: Any) -> GenerationChunk:
+    """One ``choices[i]`` of a completion or stream chunk -> a chunk (a whole completion is one big chunk)."""
+    if not isinstance(choice, dict):
+        raise MalformedResponse(f"choice is not an object: {choice!r}")
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = []  # vLLM sends null when a chunk carries no new token (e.g. a finish-only chunk)
+    logprobs_obj = choice.get("logprobs")
+    lps = (logprobs_obj or {}).get("token_logprobs") if isinstance(logprobs_obj, dict) else None
+    lps = [] if lps is None and not ids else lps
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise MalformedResponse(f"token_ids is not a list of ints: {ids!r}")
+    if not isinstance(lps, list) or len(lps) != len(ids):
+        raise MalformedResponse(f"{len(ids)} token ids but logprobs {lps!r}; is `logprobs: 0` honoured?")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in lps):
+        raise MalformedResponse(f"a sampled token has no logprob: {lps!r}")
+    finish = choice.get("finish_reason")
+    if finish is not None and finish not in FINISH_REASONS:
+        raise MalformedResponse(f"unknown finish_reason {finish!r}")
+    text = choice.get("text", "")
+    if not isinstance(text, str):
+        raise MalformedResponse(f"text is not a string: {text!r}")
+    return GenerationChunk(tuple(ids), tuple(float(x) for x in lps), text, finish, choice.get("stop_reason"))
+
+
+def parse_usage(obj: Any) -> Usage:
+    if not isinstance(obj, dict):
+        raise MalformedResponse(f"usage is missing or not an object: {obj!r}")
+    try:
+        return Usage(int(obj["prompt_tokens"]), int(obj["completion_tokens"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise MalformedResponse(f"usage lacks token counts: {obj!r}") from e
+
+
+def parse_completion(obj: Any, prompt_ids: tuple[int, ...]) -> GenerationResult:
+    """A non-streamed ``/v1/completions`` body (``n=1``) -> the result."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or len(obj["choices"]) != 1:
+        raise MalformedResponse(f"expected exactly one choice in {str(obj)[:300]}")
+    chunk = parse_choice(obj["choices"][0])
+    return accumulate([chunk, GenerationChunk((), (), "", usage=parse_usage(obj.get("usage")))], prompt_ids)
+
+
+def accumulate(chunks: Iterable[GenerationChunk], prompt_ids: tuple[int, ...]) -> GenerationResult:
+    """Fold chunks into a result; raises if tokens follow the finish or the finish/usage never came."""
+    ids: list[int] = []
+    lps: list[float] = []
+    text: list[str] = []
+    finish: FinishReason | None = None
+    stop_reason: int | str | None = None
+    usage: Usage | None = None
+    for c in chunks:
+        if finish is not None and c.token_ids:
+            raise MalformedResponse("tokens arrived after the finish_reason")
+        ids.extend(c.token_ids)
+        lps.extend(c.logprobs)
+        text.append(c.text)
+        if c.finish_reason is not None:
+            finish, stop_reason = c.finish_reason, c.stop_reason
+        usage = c.usage or usage
+    if finish is None:
+        raise MalformedResponse("the completion ended without a finish_reason")
+    if usage is None:
+        raise MalformedResponse("the completion ended without usage")
+    if usage.completion_tokens != len(ids):
+        raise MalformedResponse(f"usage says {usage.completion_tokens} completion tokens, got {len(ids)} ids")
+    return GenerationResult(prompt_ids, tuple(ids), tuple(lps), "".join(text), finish, stop_reason, usage)
+
+
+def _sse_data(line: str) -> str | None:
+    """The payload of an SSE ``data:`` line; None for blank lines, comments and other fields."""
+    if not line.startswith("data:"):
+        return None
+    return line[5:].removeprefix(" ")
+
+
+# --- the client -----------------------------------------------------------------------------------------------
+
+
+class EngineClient:
+    """One connection pool to one vLLM server. Use as ``async with EngineClient(url) as engine: ...``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeouts: ClientTimeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = timeouts or ClientTimeouts()
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            transport=transport,
+            timeout=httpx.Timeout(self.timeouts.control, connect=self.timeouts.connect),
+        )
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport --
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        t = httpx.Timeout(timeout or self.timeouts.control, connect=self.timeouts.connect)
+        try:
+            resp = await self._http.request(method, path, json=json_body, params=params, timeout=t)
+        except httpx.TimeoutException as e:
+            raise EngineTimeout(f"{method} {path}: no answer within {timeout or self.timeouts.control} s") from e
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{method} {self.base_url}{path}: {type(e).__name__}: {e}") from e
+        if resp.status_code >= 400:
+            raise error_from_body(resp.status_code, resp.content)
+        return resp
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self._request(method, path, **kw)
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise MalformedResponse(f"{method} {path}: body is not JSON: {resp.text[:200]!r}") from e
+
+    # -- generation --
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        body = await self._json(
+            "POST",
+            "/v1/completions",
+            json_body=completion_payload(req, stream=False),
+            timeout=self.timeouts.generate,
+        )
+        return parse_completion(body, req.prompt_ids)
+
+    async def stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Yield chunks as vLLM streams them; the usage arrives on a last, token-less chunk."""
+        t = httpx.Timeout(self.timeouts.generate, connect=self.timeouts.connect)
+        payload = completion_payload(req, stream=True)
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=payload, timeout=t) as resp:
+                if resp.status_code >= 400:
+                    raise error_from_body(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    data = _sse_data(line)
+                    if data is None:
+                        continue
+                    if data == "[DONE]":
+                        return
+                    for chunk in _stream_event_chunks(data):
+                        yield chunk
+        except httpx.TimeoutException as e:
+            raise EngineTimeout(f"stream: no chunk within {self.timeouts.generate} s") from e
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"stream from {self.base_url}: {type(e).__name__}: {e}") from e
+        raise MalformedResponse("the stream ended without [DONE]")
+
+    async def stream_result(self, req: GenerationRequest) -> GenerationResult:
+        """Stream, then fold: the same result :meth:`generate` gives, delivered incrementally to the server."""
+        return accumulate([c async for c in self.stream(req)], req.prompt_ids)
+
+    # -- server state --
+
+    async def health(self) -> bool:
+        """True when ``/health`` answers 200; False when refused, timing out or unhealthy (never raises)."""
+        try:
+            await self._request("GET", "/health", timeout=self.timeouts.connect)
+        except EngineError:
+            return False
+        return True
+
+    async def models(self) -> list[ModelInfo]:
+        body = await self._json("GET", "/v1/models")
+        try:
+            return [
+                ModelInfo(m["id"], m.get("root") or m["id"], m.get("max_model_len"), m.get("parent"))
+                for m in body["data"]
+            ]
+        except (KeyError, TypeError) as e:
+            raise MalformedResponse(f"/v1/models: unexpected body {str(body)[:200]}") from e
+
+    async def weight_version(self) -> str:
+        body = await self._json("GET", "/weight_info")
+        if not isinstance(body, dict) or not isinstance(body.get("weight_version"), str):
+            raise MalformedResponse(f"/weight_info: unexpected body {body!r}")
+        return body["weight_version"]
+
+    # -- weight updates (VLLM_SERVER_DEV_MODE=1) --
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        await self._request("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._request("POST", "/resume")
+
+    async def reset_prefix_cache(self) -> None:
+        body = await self._json("POST", "/reset_prefix_cache")
+        if not (isinstance(body, dict) and body.get("success") is True):
+            raise EngineError(f"the prefix cache could not be reset (blocks still held?): {body!r}")
+
+    async def reload_weights(
+        self, folder: str | Path, version: str | None = None, pause_mode: PauseMode = "wait"
+    ) -> ReloadResult:
+        """Load new weights in place from a safetensors folder with the served model's architecture.
+
+        ``pause_mode="wait"`` lets in-flight requests finish on the old weights first, so no completion mixes two
+        policies. On failure the engine is left paused (its weights may be half-loaded): fix and reload, or call
+        :meth:`resume` deliberately.
+        """
+        started = time.monotonic()
+        path = str(Path(folder).resolve())
+        new_version = version if version is not None else path
+        await self.pause(pause_mode)
+        await self._request(
+            "POST",
+            "/collective_rpc",
+            json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+        )
+        # Cached KV blocks hold keys/values computed by the old weights; reusing them gives stale logprobs.
+        await self.reset_prefix_cache()
+        await self._request("POST", "/update_weight_version", json_body={"new_version": new_version})
+        await self.resume()
+        return ReloadResult(new_version, time.monotonic() - started)
+
+    async def load_lora_adapter(self, name: str, folder: str | Path, replace: bool = False) -> None:
+        """Hot-load a PEFT adapter folder under ``name`` (``replace`` swaps the weights of a loaded one)."""
+        await self._request(
+            "POST",
+            "/v1/load_lora_adapter",
+            json_body={"lora_name": name, "lora_path": str(Path(folder).resolve()), "load_inplace": replace},
+        )
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._request("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+
+
+def _stream_event_chunks(data: str) -> list[GenerationChunk]:
+    """One SSE ``data:`` payload -> zero or more chunks; an in-stream error raises."""
+    try:
+        obj = json.loads(data)
+    except ValueError as e:
+        raise MalformedResponse(f"stream event is not JSON: {data[:200]!r}") from e
+    if not isinstance(obj, dict):
+        raise MalformedResponse(f"stream event is not an object: {data[:200]!r}")
+    if "error" in obj:
+        err = obj["error"]
+        status = err.get("code") if isinstance(err, dict) and isinstance(err.get("code"), int) else 500
+        raise error_from_body(status, data)
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) > 1:
+        raise MalformedResponse(f"expected at most one choice per stream event: {data[:200]!r}")
+    chunks = [parse_choice(c) for c in choices]
+    if obj.get("usage") is not None:
+        chunks.append(GenerationChunk((), (), "", usage=parse_usage(obj["usage"])))
+    return chunks

@@ -1,0 +1,404 @@
+"""One model call, end to end: wire body -> canonical request -> token ids -> engine -> sampled ids -> canonical
+events -> wire bytes, and one :class:`~addon.records.CallRecord`.
+
+Contract
+--------
+:class:`Generator` is built once per proxy process with its collaborators (renderer, engine client, record store,
+session registry, stats). ``await handle(call, body, sink)`` answers one call on ``sink`` and never raises: every
+failure becomes an answer in the caller's own wire format (a vendor error body before the stream starts, the
+format's in-stream error event after). Streaming is real: each sampled chunk is parsed and encoded as it arrives.
+
+Ordering guarantee: the call's record is appended to the write-ahead log (fsync'd, in a worker thread) *before* the
+final event (or the whole non-streaming body) is written to the client, so a turn the client saw complete is never
+lost. Blocking work — tokenizer rendering, WAL appends — runs in threads, never on the event loop.
+
+Sampling: by default top_p/top_k/min_p/penalties are forced neutral so the recorded logprobs are those of the
+distribution actually sampled (at the applied temperature); both the requested and the applied values are recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from addon.engine_client import BadRequest, ContextTooLong, EngineClient, EngineError, GenerationRequest, Regex
+from addon.parser import OutputParser, ParserSpec
+from addon.record_store import RecordStore
+from addon.records import CallRecord, TurnTokens, pack_json
+from addon.render import PromptRenderer
+from addon.sessions import SessionRegistry
+from addon.stats import Stats
+from converters import dialect_for
+from converters.accumulate import Accumulator
+from converters.base import Dialect, Route, StreamEncoder, UnknownFields
+from converters.canonical import (
+    Completion,
+    ConversionError,
+    Finish,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    ModelRequest,
+    StreamEvent,
+    StreamStart,
+    TextDelta,
+    Usage,
+    completion_events,
+)
+
+BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends here."
+
+
+class ResponseSink(Protocol):
+    """Where an answer goes (the internal HTTP server adapts its response object to this)."""
+
+    async def start(self, status: int, headers: Mapping[str, str]) -> None: ...
+    async def write(self, data: bytes) -> None: ...
+    async def end(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    temperature: float | None = None  # None: the request's temperature, else 1.0
+    default_max_tokens: int = 1024
+    neutral: bool = True  # force top_p/top_k/min_p/penalties neutral
+    seed: int | None = None  # used when the request gives none (reproducible collection)
+
+    def apply(self, request: ModelRequest, prompt_len: int, max_model_len: int) -> dict[str, Any]:
+        s = request.sampling
+        room = max_model_len - prompt_len
+        temperature = self.temperature if self.temperature is not None else s.temperature
+        applied: dict[str, Any] = {
+            "temperature": 1.0 if temperature is None else temperature,
+            "max_tokens": max(1, min(s.max_tokens or self.default_max_tokens, room)),
+            "stop": list(s.stop),
+            "seed": s.seed if s.seed is not None else self.seed,
+        }
+        if self.neutral:
+            applied |= {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        else:
+            applied |= {"top_p": s.top_p or 1.0, "top_k": s.top_k or 0, "min_p": s.min_p or 0.0}
+            applied |= {"presence_penalty": s.presence_penalty or 0.0, "frequency_penalty": s.frequency_penalty or 0.0}
+        return applied
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Who made the call and when; filled in by the proxy before generation."""
+
+    run_id: str
+    session_id: str
+    route: Route
+    headers: Mapping[str, str]
+    received_at: datetime
+    harness: str = "unknown"
+    harness_version: str | None = None
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class _Turn:
+    """Mutable per-call state while the engine streams."""
+
+    request: ModelRequest
+    info: CallInfo
+    call_index: int
+    prompt_ids: tuple[int, ...] = ()
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    applied: dict[str, Any] = field(default_factory=dict)
+    first_token_at: datetime | None = None
+    engine_started: float = 0.0
+    engine_done: float = 0.0
+    error: str | None = None
+    incomplete: bool = False
+    policy_version: int | None = None
+    malformed: int = 0
+
+
+class Generator:
+    def __init__(
+        self,
+        *,
+        renderer: PromptRenderer,
+        engine: EngineClient,
+        store: RecordStore,
+        sessions: SessionRegistry,
+        stats: Stats,
+        max_model_len: int,
+        served_model: str,
+        policy: SamplingPolicy | None = None,
+        parser_spec: ParserSpec | None = None,
+        fields: UnknownFields | None = None,
+        force_tool_calls: bool = False,
+    ) -> None:
+        self.force_tool_calls = force_tool_calls
+        self.renderer = renderer
+        self.engine = engine
+        self.store = store
+        self.sessions = sessions
+        self.stats = stats
+        self.max_model_len = max_model_len
+        self.served_model = served_model
+        self.policy = policy or SamplingPolicy()
+        self.parser_spec = parser_spec or ParserSpec()
+        self.fields = fields or UnknownFields()
+
+    async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
+        dialect = dialect_for(info.route.format)
+        t0 = time.perf_counter()
+        try:
+            request = dialect.parse_request(body, info.route, info.headers, self.fields)
+        except ConversionError as err:
+            self.stats.error("bad_request")
+            await _send_error(sink, dialect, err)
+            return
+        call_index, budget_stop = self.sessions.begin_call(info.session_id)
+        turn = _Turn(request, info, call_index)
+        try:
+            if budget_stop:
+                await self._budget_stop(turn, dialect, budget_stop, sink)
+                return
+            await self._generate(turn, dialect, sink, t0)
+        except ConversionError as err:
+            self.stats.error(err.kind)
+            await _send_error(sink, dialect, err)
+        finally:
+            self.sessions.end_call(
+                info.session_id, len(turn.prompt_ids) + len(turn.completion_ids), turn.error is not None
+            )
+
+    async def _generate(self, turn: _Turn, dialect: Dialect, sink: ResponseSink, t0: float) -> None:
+        request = turn.request
+        rendered, turn.policy_version = await asyncio.gather(
+            asyncio.to_thread(self.renderer.render, request), self._policy_version()
+        )
+        turn.prompt_ids = tuple(rendered.prompt_ids)
+        if len(turn.prompt_ids) >= self.max_model_len:
+            raise ConversionError(
+                "context_length",
+                f"prompt is too long: {len(turn.prompt_ids)} tokens > {self.max_model_len - 1} maximum",
+            )
+        turn.applied = self.policy.apply(request, len(turn.prompt_ids), self.max_model_len)
+        parser = OutputParser(self.parser_spec, allowed=rendered.allowed_tools())
+        encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
+        acc = Accumulator()
+        start = StreamStart(_response_id(), request.model, int(time.time()), len(turn.prompt_ids))
+        acc.feed(start)
+        structured = forced_tool_call(request) if self.force_tool_calls else None
+        gen = GenerationRequest(prompt_ids=turn.prompt_ids, structured=structured, **_engine_sampling(turn.applied))
+        turn.engine_started = time.perf_counter()
+        self.stats.overhead_in(turn.engine_started - t0)
+        started = False
+        finish_reason = "stop"
+        try:
+            async for chunk in self.engine.stream(gen):
+                if turn.first_token_at is None and chunk.token_ids:
+                    turn.first_token_at = _now()
+                turn.completion_ids.extend(chunk.token_ids)
+                turn.logprobs.extend(chunk.logprobs)
+                if chunk.finish_reason:
+                    finish_reason = chunk.finish_reason
+                events = parser.feed(chunk.text) if chunk.text else []
+                if encoder is not None and not started:
+                    await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
+                    await sink.write(encoder.feed(start))
+                    started = True
+                await self._emit(events, acc, encoder, sink)
+        except EngineError as err:
+            turn.error, turn.incomplete = f"engine: {err}", True
+            self.stats.error("engine")
+            await self._record(turn, acc.completion)
+            if not started:
+                raise _engine_error(err) from err
+            await sink.write(encoder.error(_engine_error(err)) if encoder else b"")
+            await sink.end()
+            return
+        turn.engine_done = time.perf_counter()
+        turn.malformed = parser.malformed_tool_calls
+        usage = Usage(len(turn.prompt_ids), len(turn.completion_ids))
+        tail = parser.finish(_finish_reason(finish_reason), usage)
+        final = [e for e in tail if isinstance(e, Finish)]
+        await self._emit([e for e in tail if not isinstance(e, Finish)], acc, encoder, sink)
+        acc.feed_all(list(final))
+        completion = acc.completion
+        await self._record(turn, completion)
+        if encoder is None:
+            body = dumps_body(dialect.render_completion(completion))
+            await sink.start(200, {"content-type": "application/json"})
+            await sink.write(body)
+        else:
+            if not started:
+                await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
+                await sink.write(encoder.feed(start))
+            for event in final:
+                await sink.write(encoder.feed(event))
+        await sink.end()
+        self.stats.call_done(time.perf_counter() - turn.engine_done, len(turn.completion_ids))
+
+    async def _policy_version(self) -> int | None:
+        """The engine's weight version (an int set by the trainer); None when the engine reports none."""
+        try:
+            version = await self.engine.weight_version()
+        except EngineError:
+            return None
+        return int(version) if version.isdigit() else None
+
+    async def _emit(
+        self, events: list[StreamEvent], acc: Accumulator, encoder: StreamEncoder | None, sink: ResponseSink
+    ) -> None:
+        for event in events:
+            acc.feed(event)
+            if encoder is not None:
+                data = encoder.feed(event)
+                if data:
+                    await sink.write(data)
+
+    async def _budget_stop(self, turn: _Turn, dialect: Dialect, reason: str, sink: ResponseSink) -> None:
+        """Answer with a normal final message (no tool calls) so the harness ends the episode."""
+        req = turn.request
+        completion = Completion(
+            id=_response_id(),
+            model=req.model,
+            text=BUDGET_STOP_TEXT.format(reason=reason),
+            finish_reason="stop",
+            created=int(time.time()),
+        )
+        await self._record(turn, completion, budget_stop=reason)
+        self.stats.error("budget_stop")
+        if not req.stream:
+            await sink.start(200, {"content-type": "application/json"})
+            await sink.write(dumps_body(dialect.render_completion(completion)))
+        else:
+            encoder = dialect.stream_encoder(turn.info.route, req)
+            await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
+            for event in completion_events(completion):
+                await sink.write(encoder.feed(event))
+        await sink.end()
+
+    async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> None:
+        record = build_record(turn, completion, self.served_model, budget_stop)
+        await asyncio.to_thread(self.store.append, record)
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def build_record(turn: _Turn, completion: Completion | None, served_model: str, budget_stop: str | None) -> CallRecord:
+    req, info = turn.request, turn.info
+    aux = auxiliary_reason(req)
+    names = tuple(c.name for c in completion.tool_calls) if completion else ()
+    return CallRecord(
+        run_id=info.run_id,
+        session_id=info.session_id,
+        call_index=turn.call_index,
+        call_id=info.call_id,
+        harness=info.harness,
+        harness_version=info.harness_version,
+        wire_format=req.format,
+        route=info.route.path,
+        model=req.model,
+        served_model=served_model,
+        policy_version=turn.policy_version,
+        received_at=info.received_at,
+        first_token_at=turn.first_token_at,
+        done_at=_now(),
+        tokens=TurnTokens(turn.prompt_ids, tuple(turn.completion_ids), tuple(turn.logprobs)),
+        finish_reason=completion.finish_reason if completion and not turn.incomplete else None,
+        tool_call_names=names,
+        auxiliary=aux is not None,
+        auxiliary_reason=aux,
+        sampling_requested=_jsonable(asdict(req.sampling)),
+        sampling_applied=turn.applied,
+        request_canonical=pack_json(_jsonable(asdict(req))),
+        completion_canonical=pack_json(_jsonable(asdict(completion))) if completion else None,
+        error=turn.error or (f"malformed_tool_calls={turn.malformed}" if turn.malformed else None),
+        budget_stop=budget_stop,
+        incomplete=turn.incomplete,
+        identity_hints=_identity(req),
+    )
+
+
+def auxiliary_reason(request: ModelRequest) -> str | None:
+    """A side request (title generation, classifiers, memory extraction) asks for structured output and offers no
+    tools; it is recorded but excluded from training by default. Detected from the request, never the model name."""
+    if isinstance(request.output_format, JsonSchemaFormat | JsonObjectFormat) and not request.tools:
+        return "structured_output"
+    return None
+
+
+def _identity(req: ModelRequest) -> dict[str, str]:
+    ident = req.identity
+    out = {f"header:{k}": v for k, v in ident.headers.items()}
+    for name in ("user_id", "session_id", "prompt_cache_key", "user_agent"):
+        value = getattr(ident, name)
+        if value:
+            out[name] = value
+    return out
+
+
+def _engine_sampling(applied: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: applied[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed") if k in applied}
+
+
+def forced_tool_call(request: ModelRequest) -> Regex | None:
+    """Test-only decoding constraint: the model must emit one call to the request's first function tool, in the
+    default parser's ``<tool_call>`` form, with a short string for each required string argument. Lets a 135M model
+    exercise the whole tool loop through real harnesses."""
+    tool = next((t for t in request.tools if t.kind == "function"), None)
+    if tool is None:
+        return None
+    props = (tool.parameters or {}).get("properties", {})
+    required = [n for n in (tool.parameters or {}).get("required", []) if props.get(n, {}).get("type") == "string"]
+    args = ", ".join(f'"{re.escape(n)}": "[a-z][a-z0-9 ._-]{{0,24}}"' for n in required)
+    name = re.escape(json.dumps(tool.name))
+    return Regex(rf'<tool_call>\{{"name": {name}, "arguments": \{{{args}\}}\}}</tool_call>')
+
+
+def _finish_reason(engine_reason: str) -> Any:
+    return {"length": "length", "stop": "stop", "abort": "error"}.get(engine_reason, "stop")
+
+
+def _engine_error(err: EngineError) -> ConversionError:
+    if isinstance(err, ContextTooLong):
+        return ConversionError("context_length", str(err))
+    if isinstance(err, BadRequest):
+        return ConversionError("invalid_request", f"the model engine refused the call: {err}")
+    return ConversionError("overloaded", f"the model engine is unavailable: {err}", retry_after=1.0)
+
+
+async def _send_error(sink: ResponseSink, dialect: Dialect, err: ConversionError) -> None:
+    response = dialect.render_error(err)
+    await sink.start(response.status, dict(response.headers))
+    await sink.write(response.body)
+    await sink.end()
+
+
+def dumps_body(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _response_id() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _jsonable(value: Any) -> Any:
+    """asdict output -> JSON-compatible (tuples to lists, mappings to dicts)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+__all__ = ["CallInfo", "Generator", "ResponseSink", "SamplingPolicy", "TextDelta", "auxiliary_reason"]

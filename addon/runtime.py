@@ -1,0 +1,175 @@
+"""Everything the capture addon runs on, built once at start-up: engine client, prompt renderer, record store,
+sessions, stats, the generator and the internal server.
+
+Contract
+--------
+``await Runtime.start(config)`` recovers the record store (a crash's write-ahead log becomes a shard), starts the
+internal server, and asks the engine what it serves (model folder, context length). The engine may be down at
+start: the proxy still starts, model calls get a vendor-shaped 503/529 with ``retry-after`` until the engine
+answers, and the runtime binds to it on the next call. Tokenizer loads and store I/O run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from mitmproxy import http
+
+from addon.config import CaptureConfig
+from addon.engine_client import EngineClient, EngineError
+from addon.generate import Generator
+from addon.record_store import RecordStore, StoreConfig
+from addon.render import PromptRenderer
+from addon.routes import ModelList
+from addon.server import InternalServer
+from addon.sessions import SessionRegistry
+from addon.stats import Stats
+from converters import dialect_for
+from converters.base import Route, load_json_object
+from converters.canonical import ConversionError
+
+log = logging.getLogger("harnessrl.runtime")
+
+
+class Runtime:
+    def __init__(self, config: CaptureConfig, engine: EngineClient, store: RecordStore) -> None:
+        self.config = config
+        self.engine = engine
+        self.store = store
+        self.sessions = SessionRegistry(config.budget)
+        self.stats = Stats()
+        self.renderer: PromptRenderer | None = None
+        self.served_model = ""
+        self.max_model_len = 0
+        self.generator: Generator | None = None
+        self.server: InternalServer | None = None
+        self._bind_lock = asyncio.Lock()
+
+    @property
+    def port(self) -> int:
+        return self.server.port if self.server else 0
+
+    @classmethod
+    async def start(cls, config: CaptureConfig) -> Runtime:
+        store = await asyncio.to_thread(
+            RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
+        )
+        runtime = cls(config, EngineClient(config.engine_url), store)
+        runtime.server = InternalServer(
+            _LazyGenerator(runtime), runtime.sessions, runtime.stats, store.run_id, config.max_body, store.close_session
+        )
+        await runtime.server.start(port=config.server_port)
+        try:
+            await runtime.bind()
+        except EngineError as e:
+            log.warning(
+                "harnessrl: engine at %s not reachable yet (%s); calls get 503 until it is", config.engine_url, e
+            )
+        return runtime
+
+    async def bind(self) -> Generator:
+        """Ask the engine what it serves and load its tokenizer (once)."""
+        if self.generator is not None:
+            return self.generator
+        async with self._bind_lock:
+            if self.generator is not None:
+                return self.generator
+            t0 = time.perf_counter()
+            info = (await self.engine.models())[0]
+            model_dir = self.config.model_dir or Path(info.root)
+            self.renderer = await asyncio.to_thread(PromptRenderer.from_pretrained, model_dir)
+            self.served_model = info.id
+            self.max_model_len = info.max_model_len or _context_from_config(model_dir)
+            self.generator = Generator(
+                renderer=self.renderer,
+                engine=self.engine,
+                store=self.store,
+                sessions=self.sessions,
+                stats=self.stats,
+                max_model_len=self.max_model_len,
+                served_model=self.served_model,
+                policy=self.config.sampling,
+                force_tool_calls=self.config.force_tool_calls,
+            )
+            log.info(
+                "harnessrl: bound to %s (context %d) in %.1fs",
+                self.served_model,
+                self.max_model_len,
+                time.perf_counter() - t0,
+            )
+            return self.generator
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        await asyncio.to_thread(self.store.close)
+        await self.engine.aclose()
+
+    async def count_tokens(self, route: Route, body: bytes, headers: Mapping[str, str]) -> http.Response:
+        dialect = dialect_for(route.format)
+        try:
+            await self.bind()
+            assert self.renderer is not None
+            payload = load_json_object(body)
+            if route.format == "anthropic":  # count_tokens bodies are Messages bodies without max_tokens
+                payload = {"max_tokens": 1, **payload}
+            request = dialect.parse_request(payload, route, headers)
+            count = await asyncio.to_thread(self.renderer.count_tokens, request)
+        except ConversionError as err:
+            wire = dialect.render_error(err)
+            return http.Response.make(wire.status, wire.body, dict(wire.headers))
+        except EngineError as e:
+            wire = dialect.render_error(ConversionError("overloaded", f"engine unavailable: {e}", retry_after=1.0))
+            return http.Response.make(wire.status, wire.body, dict(wire.headers))
+        payload = {"input_tokens": count} if route.format == "anthropic" else {"totalTokens": count}
+        return http.Response.make(200, json.dumps(payload).encode(), {"content-type": "application/json"})
+
+    def model_list(self, decision: ModelList) -> http.Response:
+        name = decision.model_id or self.served_model or "harnessrl"
+        created = int(time.time())
+        if decision.format == "anthropic":
+            card = {"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"}
+            body = card if decision.model_id else {"data": [card], "has_more": False, "first_id": name, "last_id": name}
+        elif decision.format == "gemini":
+            card = {
+                "name": f"models/{name}",
+                "displayName": name,
+                "inputTokenLimit": self.max_model_len,
+                "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+            }
+            body = card if decision.model_id else {"models": [card]}
+        else:
+            card = {"id": name, "object": "model", "created": created, "owned_by": "harnessrl"}
+            body = card if decision.model_id else {"object": "list", "data": [card]}
+        return http.Response.make(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+class _LazyGenerator:
+    """Binds to the engine on first use, so a proxy started before its engine serves calls once the engine is up."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def handle(self, info, body: bytes, sink) -> None:
+        try:
+            generator = await self._runtime.bind()
+        except EngineError as e:
+            dialect = dialect_for(info.route.format)
+            wire = dialect.render_error(ConversionError("overloaded", f"engine unavailable: {e}", retry_after=1.0))
+            self._runtime.stats.error("engine")
+            await sink.start(wire.status, dict(wire.headers))
+            await sink.write(wire.body)
+            await sink.end()
+            return
+        await generator.handle(info, body, sink)
+
+
+def _context_from_config(model_dir: Path) -> int:
+    """The model's context length from its config.json, when the engine does not report one."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config["max_position_embeddings"])

@@ -1,0 +1,179 @@
+"""The in-process HTTP server that answers model calls, so answers can stream for real.
+
+Why it exists: mitmproxy can only stream a response that comes from a server; an addon-made response
+(``Response.make``) is sent whole. So the capture addon retargets each model call on an intercepted host to this
+server (loopback, same event loop), and mitmproxy streams its answer back to the harness chunk by chunk.
+
+Contract
+--------
+* ``POST /_harnessrl/call`` — the original request body; the addon adds ``x-harnessrl-session`` (attributed
+  session), ``x-harnessrl-path`` (original path and query) and ``x-harnessrl-call-id``. The answer is whatever the
+  :class:`~addon.generate.Generator` writes, in the caller's wire format.
+* ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
+  flushes a session's records into shards; ``GET /_harnessrl/admin/stats`` — calls/s, p50/p99 overhead, errors.
+
+Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl, urlsplit
+
+from aiohttp import web
+
+from addon.generate import CallInfo, Generator
+from addon.routes import ModelCall, classify
+from addon.sessions import SessionRegistry
+from addon.stats import Stats
+
+log = logging.getLogger("harnessrl.server")
+
+CALL_PATH = "/_harnessrl/call"
+HEADER_SESSION = "x-harnessrl-session"
+HEADER_PATH = "x-harnessrl-path"
+HEADER_CALL_ID = "x-harnessrl-call-id"
+INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID)
+
+
+class _Sink:
+    """Adapts an aiohttp StreamResponse to the Generator's ResponseSink."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.response: web.StreamResponse | None = None
+
+    async def start(self, status: int, headers: Mapping[str, str]) -> None:
+        self.response = web.StreamResponse(status=status, headers=dict(headers))
+        await self.response.prepare(self._request)
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            assert self.response is not None, "write before start"
+            await self.response.write(data)
+
+    async def end(self) -> None:
+        assert self.response is not None, "end before start"
+        await self.response.write_eof()
+
+
+class InternalServer:
+    def __init__(
+        self,
+        generator: Generator,
+        sessions: SessionRegistry,
+        stats: Stats,
+        run_id: str,
+        max_body: int,
+        flush_session=None,
+    ) -> None:
+        self.generator = generator
+        self.sessions = sessions
+        self.stats = stats
+        self.run_id = run_id
+        self._flush_session = flush_session
+        self.app = web.Application(client_max_size=max_body + 1024 * 1024)
+        self.app.router.add_post(CALL_PATH, self._call)
+        self.app.router.add_get("/_harnessrl/admin/sessions", self._sessions)
+        self.app.router.add_post("/_harnessrl/admin/sessions/{session}/close", self._close)
+        self.app.router.add_get("/_harnessrl/admin/stats", self._stats)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server  # aiohttp exposes no public accessor for the bound port of an ephemeral site
+        assert server is not None and server.sockets
+        self.port = server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _call(self, request: web.Request) -> web.StreamResponse:
+        received = datetime.now(UTC)
+        original = request.headers.get(HEADER_PATH, "")
+        parts = urlsplit(original)
+        headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in INTERNAL_HEADERS}
+        decision = classify("POST", parts.path, dict(parse_qsl(parts.query)), headers)
+        if not isinstance(decision, ModelCall):
+            return web.json_response({"error": f"not a model route: {original!r}"}, status=404)
+        body = await request.read()
+        ua = headers.get("user-agent", "")
+        harness, version = harness_from_user_agent(ua)
+        info = CallInfo(
+            run_id=self.run_id,
+            session_id=request.headers.get(HEADER_SESSION, "unattributed"),
+            route=decision.route,
+            headers=headers,
+            received_at=received,
+            harness=harness,
+            harness_version=version,
+            call_id=request.headers.get(HEADER_CALL_ID) or uuid.uuid4().hex,
+        )
+        sink = _Sink(request)
+        try:
+            await self.generator.handle(info, body, sink)
+        except (ConnectionResetError, asyncio.CancelledError):
+            log.info("client went away during call %s of session %s", info.call_id, info.session_id)
+            raise
+        except Exception:  # the proxy never dies on a request; the generator already answers known failures
+            log.exception("unexpected failure in call %s", info.call_id)
+            self.stats.error("internal")
+            if sink.response is None:
+                return web.json_response({"error": {"message": "internal proxy error"}}, status=500)
+        assert sink.response is not None
+        return sink.response
+
+    async def _sessions(self, request: web.Request) -> web.Response:
+        sessions = [
+            {k: (sorted(v) if isinstance(v, set) else v) for k, v in asdict(s).items()}
+            for s in self.sessions.snapshot()
+        ]
+        return web.json_response({"sessions": sessions})
+
+    async def _close(self, request: web.Request) -> web.Response:
+        session = request.match_info["session"]
+        state = self.sessions.close(session)
+        if self._flush_session is not None:
+            await asyncio.to_thread(self._flush_session, session)
+        return web.json_response({"session": session, "known": state is not None, "flushed": True})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.snapshot())
+
+
+_HARNESS_UA = (
+    ("claude-cli/", "claude-code"),
+    ("codex_exec", "codex"),
+    ("codex_cli_rs", "codex"),
+    ("geminicli", "gemini-cli"),
+    ("opencode/", "opencode"),
+    ("kilo", "kilo"),
+    ("qwen-code", "qwen-code"),
+    ("litellm", "mini-swe-agent"),
+    ("hermes", "hermes"),
+    ("pi/", "pi"),
+)
+
+
+def harness_from_user_agent(ua: str) -> tuple[str, str | None]:
+    """Name and version of the harness from its User-Agent ("unknown" when it says nothing we know)."""
+    low = ua.lower()
+    for needle, name in _HARNESS_UA:
+        at = low.find(needle)
+        if at >= 0:
+            rest = ua[at + len(needle) :].lstrip("/ ")
+            version = rest.split()[0].split("/")[0] if rest else None
+            return name, (version or None)
+    return ("unknown", None) if not ua else (ua.split("/")[0].strip() or "unknown", None)

@@ -1,0 +1,61 @@
+"""Proxy statistics for the admin surface: calls, errors by kind, calls/s and p50/p99 proxy overhead.
+
+Contract: one :class:`Stats` per proxy process, touched only from the event loop. Overhead is the proxy's own time
+per call — parsing and rendering before the engine is asked, plus finishing after the engine's last token — kept in
+a bounded window so memory stays flat however long the proxy runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from typing import Any
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Stats:
+    def __init__(self, window: int = 10_000, clock=time.monotonic) -> None:
+        self._clock = clock
+        self.started = clock()
+        self.calls = 0
+        self.completion_tokens = 0
+        self.errors: Counter[str] = Counter()
+        self._overhead_in: deque[float] = deque(maxlen=window)
+        self._overhead_out: deque[float] = deque(maxlen=window)
+        self._done_at: deque[float] = deque(maxlen=window)
+
+    def overhead_in(self, seconds: float) -> None:
+        self._overhead_in.append(seconds)
+
+    def call_done(self, finish_seconds: float, completion_tokens: int) -> None:
+        self.calls += 1
+        self.completion_tokens += completion_tokens
+        self._overhead_out.append(finish_seconds)
+        self._done_at.append(self._clock())
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self._clock()
+        recent = [t for t in self._done_at if now - t <= 60.0]
+        total = [a + b for a, b in zip(self._overhead_in, self._overhead_out, strict=False)]
+        return {
+            "uptime_s": round(now - self.started, 3),
+            "calls": self.calls,
+            "completion_tokens": self.completion_tokens,
+            "calls_per_s_last_60s": round(len(recent) / 60.0, 3),
+            "errors": dict(self.errors),
+            "overhead_ms": {
+                "p50": round(_percentile(total, 0.5) * 1e3, 3),
+                "p99": round(_percentile(total, 0.99) * 1e3, 3),
+                "before_engine_p50": round(_percentile(list(self._overhead_in), 0.5) * 1e3, 3),
+                "after_engine_p50": round(_percentile(list(self._overhead_out), 0.5) * 1e3, 3),
+            },
+        }
