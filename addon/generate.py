@@ -120,6 +120,7 @@ class _Turn:
     incomplete: bool = False
     policy_version: int | None = None
     malformed: int = 0
+    recorded: bool = False
 
 
 class Generator:
@@ -167,7 +168,12 @@ class Generator:
                 return
             await self._generate(turn, dialect, sink, t0)
         except ConversionError as err:
+            # A call refused after it was parsed (context too long, content the model cannot take, engine down) is
+            # still a model call of this session: record it, with the prompt ids when they were rendered.
             self.stats.error(err.kind)
+            if not turn.recorded:
+                turn.error, turn.incomplete = f"{err.kind}: {err.message}", True
+                await self._record(turn, None)
             await _send_error(sink, dialect, err)
         finally:
             self.sessions.end_call(
@@ -285,6 +291,7 @@ class Generator:
     async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> None:
         record = build_record(turn, completion, self.served_model, budget_stop)
         await asyncio.to_thread(self.store.append, record)
+        turn.recorded = True
 
 
 # --------------------------------------------------------------------------------------------------- helpers

@@ -22,6 +22,7 @@ from google.genai import types as gtypes
 
 from addon.engine_client import EngineClient, GenerationRequest
 from addon.records import read_records
+from tests.conftest import start_proxy, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +183,84 @@ def test_unknown_routes_answered_locally_and_other_hosts_untouched(proxy):
         # a host that is not intercepted is passed through: here it cannot be reached, so mitmproxy reports a 502
         r = http.get("https://example.invalid/")
         assert r.status_code == 502
+
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def forcing_proxy(tmp_path_factory, engine_url):
+    """A proxy whose decoding is constrained so the real model emits a tool call (testing only)."""
+    proc, p = start_proxy(tmp_path_factory.mktemp("forcing"), engine_url, "--set", "harnessrl_force_tool_calls=true")
+    try:
+        yield p
+    finally:
+        stop_process(proc)
+
+
+def test_forced_tool_call_loop_is_one_session(forcing_proxy, engine_url):
+    session = f"tools-{uuid.uuid4().hex[:8]}"
+    c = openai_client(forcing_proxy, session)
+    msgs: list = [{"role": "user", "content": "List the files here."}]
+    first = c.chat.completions.create(model="gpt-test", messages=msgs, tools=[BASH_TOOL], max_tokens=64)  # type: ignore[list-item]
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call_ = choice.message.tool_calls[0]  # type: ignore[index]
+    assert call_.function.name == "bash" and isinstance(json.loads(call_.function.arguments)["command"], str)
+    msgs += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call_.id, "content": "a.txt"},
+    ]
+    c.chat.completions.create(model="gpt-test", messages=msgs, tools=[BASH_TOOL], max_tokens=64)  # type: ignore[list-item]
+    rows = session_records(forcing_proxy, session)
+    assert [r["call_index"] for r in rows] == [0, 1]
+    assert rows[0]["tool_call_names"] == ["bash"] and rows[0]["finish_reason"] == "tool_calls"
+    # the second call's prompt carries the first call's tool call and the tool result
+    assert len(rows[1]["prompt_ids"]) > len(rows[0]["prompt_ids"]) + len(rows[0]["completion_ids"])
+
+
+def test_kill_9_during_traffic_loses_no_turn_a_client_saw_complete(tmp_path, engine_url):
+    import os
+    import signal
+    import threading
+
+    proc, p = start_proxy(tmp_path, engine_url)
+    completed: list[str] = []
+    stop = threading.Event()
+
+    def worker(w: int) -> None:
+        for i in range(100):
+            if stop.is_set():
+                return
+            session = f"kill-{w}-{i}"
+            try:
+                call("chat", False, p, session)
+            except Exception:
+                return
+            completed.append(session)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(completed) >= 6, 300, "six completed calls")
+    os.kill(proc.pid, signal.SIGKILL)
+    stop.set()
+    for t in threads:
+        t.join(120)
+    proc.wait()
+    seen = list(completed)
+    proc2, p2 = start_proxy(tmp_path, engine_url)  # same folder: the write-ahead log is recovered into a shard
+    try:
+        rows = read_records(p2.records).to_pylist()
+    finally:
+        stop_process(proc2)
+    sessions = [r["session_id"] for r in rows]
+    missing = [s for s in seen if sessions.count(s) != 1]
+    assert not missing, f"turns a client saw complete but not exactly once in a shard: {missing}"

