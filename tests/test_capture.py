@@ -264,3 +264,30 @@ def test_kill_9_during_traffic_loses_no_turn_a_client_saw_complete(tmp_path, eng
     sessions = [r["session_id"] for r in rows]
     missing = [s for s in seen if sessions.count(s) != 1]
     assert not missing, f"turns a client saw complete but not exactly once in a shard: {missing}"
+
+
+def test_reverse_mode_base_url_with_session_prefix_and_admin(tmp_path, engine_url):
+    # the upstream is never contacted: every request on a reverse-mode listener is answered locally
+    proc, p = start_proxy(tmp_path, engine_url, mode="reverse:http://127.0.0.1:9")
+    try:
+        session = f"rev-{uuid.uuid4().hex[:6]}"
+        base = p.base_url(session)
+        c = openai.OpenAI(api_key="sk-test", base_url=f"{base}/v1", max_retries=0)
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=8)
+        a = anthropic.Anthropic(api_key="sk-ant-test", base_url=base, max_retries=0)
+        title_schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
+        a.messages.create(
+            model="claude-test",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "Title for: fix the bug"}],
+            extra_body={"output_config": {"format": {"type": "json_schema", "schema": title_schema}}},
+        )
+        rows = session_records(p, session)
+        assert [r["wire_format"] for r in rows] == ["chat", "anthropic"]
+        assert [r["auxiliary_reason"] for r in rows] == [None, "structured_output"]
+        sessions = {s["id"]: s for s in p.admin("GET", "sessions")["sessions"]}
+        assert sessions[session]["calls"] == 2
+        stats = p.admin("GET", "stats")
+        assert stats["calls"] == 2 and stats["overhead_ms"]["p50"] > 0
+    finally:
+        stop_process(proc)

@@ -1,0 +1,12 @@
+def find(sorted_items, target):
+    """Index of ``target`` in ``sorted_items`` (ascending), or -1 when absent."""
+    lo, hi = 0, len(sorted_items)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_items[mid] < target:
+            lo = mid
+        elif sorted_items[mid] > target:
+            hi = mid - 1
+        else:
+            return mid
+    return -1

@@ -1,0 +1,6 @@
+def greeting():
+    return "Helo, world"
+
+
+if __name__ == "__main__":
+    print(greeting())

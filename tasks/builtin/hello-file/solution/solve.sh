@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Oracle solution for hello-file.
+set -euo pipefail
+cd "${TASK_WORKDIR:-/app}"
+echo hello > hello.txt

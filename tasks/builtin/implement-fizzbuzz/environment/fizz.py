@@ -1,0 +1,3 @@
+def fizzbuzz(n):
+    """Return the FizzBuzz strings for 1..n."""
+    raise NotImplementedError

@@ -1,0 +1,1 @@
+from billing.totals import calc_total

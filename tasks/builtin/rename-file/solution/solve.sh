@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Oracle solution for rename-file.
+set -euo pipefail
+cd "${TASK_WORKDIR:-/app}"
+mv notes.txt README.md

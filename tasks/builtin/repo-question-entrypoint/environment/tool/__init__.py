@@ -1,0 +1,1 @@
+from tool.core import run

@@ -1,0 +1,3 @@
+def run(args):
+    print("running with", args)
+    return 0

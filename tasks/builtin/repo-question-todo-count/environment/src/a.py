@@ -1,0 +1,3 @@
+# TODO: handle unicode
+def a():
+    return 1  # TODO remove

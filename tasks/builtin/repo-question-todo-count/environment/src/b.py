@@ -1,0 +1,3 @@
+def b():
+    # NOTE: not a todo
+    return 2

@@ -1,0 +1,250 @@
+"""addon.engine_client: what the real engine cannot show (tests/engine_env/ covers the real server).
+
+HTTP goes to a FAKE vLLM: an ``httpx.MockTransport`` answering with hand-written bodies in vLLM's shapes, to check
+malformed responses, error mapping, timeouts, request validation, the exact request payloads and the order of the
+weight-reload calls (including what happens when one of them fails).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from addon.engine_client import (
+    BadRequest,
+    Choice,
+    ClientTimeouts,
+    ContextTooLong,
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    GenerationRequest,
+    Grammar,
+    JsonSchema,
+    MalformedResponse,
+    Regex,
+    StructuredOutput,
+    completion_payload,
+    error_from_body,
+)
+
+PROMPT = (1, 2, 3)
+REQ = GenerationRequest(PROMPT, max_tokens=4, seed=1)
+
+
+def fake(handler: Callable[[httpx.Request], httpx.Response]) -> EngineClient:
+    return EngineClient("http://engine.test", transport=httpx.MockTransport(handler))
+
+
+def completion_body(ids: list[int], lps: list[float] | None, finish: str = "length", usage: Any = "auto") -> bytes:
+    choice = {
+        "index": 0,
+        "text": "x" * len(ids),
+        "token_ids": ids,
+        "logprobs": None if lps is None else {"token_logprobs": lps, "tokens": ["x"] * len(lps)},
+        "finish_reason": finish,
+        "stop_reason": None,
+    }
+    body: dict[str, Any] = {"id": "cmpl-1", "model": "m", "choices": [choice]}
+    body["usage"] = {"prompt_tokens": 3, "completion_tokens": len(ids)} if usage == "auto" else usage
+    return json.dumps(body).encode()
+
+
+def sse(*events: Any, done: bool = True) -> bytes:
+    lines = [f"data: {json.dumps(e)}\n\n" for e in events]
+    return ("".join(lines) + ("data: [DONE]\n\n" if done else "")).encode()
+
+
+def stream_event(ids: list[int], lps: list[float], text: str, finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "token_ids": ids, "finish_reason": finish, "stop_reason": None}
+    choice["logprobs"] = {"token_logprobs": lps}
+    return {"id": "c", "model": "m", "choices": [choice]}
+
+
+USAGE_EVENT = {"id": "c", "model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+
+
+async def test_generate_parses_ids_logprobs_and_sends_the_token_payload() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=completion_body([7, 8], [-0.5, -1.25]))
+
+    async with fake(handler) as client:
+        result = await client.generate(REQ)
+    assert result.completion_ids == (7, 8) and result.logprobs == (-0.5, -1.25) and result.text == "xx"
+    assert result.prompt_ids == PROMPT and result.usage.completion_tokens == 2 and result.finish_reason == "length"
+    assert seen[0]["prompt"] == [1, 2, 3] and seen[0]["logprobs"] == 0 and seen[0]["return_token_ids"] is True
+    assert seen[0]["stream"] is False and "stream_options" not in seen[0] and "structured_outputs" not in seen[0]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (completion_body([7, 8], [-0.5]), "2 token ids but logprobs"),
+        (completion_body([7, 8], None), "is `logprobs: 0` honoured"),
+        (completion_body([7], [None]), "has no logprob"),  # type: ignore[list-item]
+        (completion_body([7], [-1.0], finish="weird"), "unknown finish_reason"),
+        (completion_body([7], [-1.0], usage=None), "usage is missing"),
+        (completion_body([7], [-1.0], usage={"prompt_tokens": 3, "completion_tokens": 5}), "usage says 5"),
+        (completion_body([7], [-1.0], finish=None), "without a finish_reason"),  # type: ignore[arg-type]
+        (b'{"choices": []}', "exactly one choice"),
+        (b"<html>oops</html>", "not JSON"),
+    ],
+)
+async def test_malformed_completions_raise(body: bytes, match: str) -> None:
+    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+        with pytest.raises(MalformedResponse, match=match):
+            await client.generate(REQ)
+
+
+async def test_stream_yields_chunks_and_accumulates() -> None:
+    events = [stream_event([7], [-0.5], "a"), stream_event([8], [-1.0], "b", finish="stop"), USAGE_EVENT]
+    body = sse(*events)
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    async with fake(handler) as client:
+        chunks = [c async for c in client.stream(REQ)]
+        result = await client.stream_result(REQ)
+    assert [c.token_ids for c in chunks] == [(7,), (8,), ()]
+    assert chunks[1].finish_reason == "stop" and chunks[2].usage is not None
+    assert result.completion_ids == (7, 8) and result.text == "ab" and result.logprobs == (-0.5, -1.0)
+    assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "match"),
+    [
+        (sse(stream_event([7], [-0.5], "a"), done=False), MalformedResponse, "without \\[DONE\\]"),
+        (sse(stream_event([7], [-0.5], "a"), {"error": {"message": "boom", "code": 500}}), EngineError, "boom"),
+        (sse({"error": {"message": "bad seed", "code": 400, "param": "seed"}}), BadRequest, "bad seed"),
+        (b"data: {not json\n\n", MalformedResponse, "not JSON"),
+        (
+            sse(stream_event([7], [-0.5], "a", finish="length"), stream_event([8], [-1.0], "b")),
+            MalformedResponse,
+            "after the finish_reason",
+        ),
+    ],
+)
+async def test_broken_streams_raise(body: bytes, error: type[Exception], match: str) -> None:
+    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+        with pytest.raises(error, match=match):
+            await client.stream_result(REQ)
+
+
+def test_error_mapping() -> None:
+    msg = (
+        "This model's maximum context length is 8192 tokens. However, your prompt contains at least 8193 input "
+        "tokens, which exceeds this limit even without any output tokens."
+    )
+    body = json.dumps({"error": {"message": msg, "type": "BadRequestError", "param": "input_tokens", "code": 400}})
+    err = error_from_body(400, body)
+    assert isinstance(err, ContextTooLong) and (err.max_context, err.prompt_tokens) == (8192, 8193)
+    assert err.param == "input_tokens" and err.status == 400
+    chars = error_from_body(400, json.dumps({"error": {"message": "maximum context length is 10 tokens. chars"}}))
+    assert isinstance(chars, ContextTooLong) and (chars.max_context, chars.prompt_tokens) == (10, None)
+    server = error_from_body(500, b"Internal Server Error")
+    assert type(server) is EngineError and server.status == 500 and "Internal Server Error" in str(server)
+    detail = error_from_body(422, json.dumps({"detail": "Missing 'method'"}))
+    assert type(detail) is BadRequest and detail.status == 422 and "Missing 'method'" in str(detail)
+
+
+async def test_transport_failures_map_to_unavailable_and_timeout() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def stall(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    async with fake(refuse) as client:
+        assert await client.health() is False
+        with pytest.raises(EngineUnavailable, match="connection refused"):
+            await client.generate(REQ)
+    async with EngineClient(
+        "http://e.test", transport=httpx.MockTransport(stall), timeouts=ClientTimeouts(generate=3.0)
+    ) as client:
+        with pytest.raises(EngineTimeout, match="3.0 s"):
+            [c async for c in client.stream(REQ)]
+        with pytest.raises(EngineTimeout):
+            await client.models()
+
+
+def test_request_validation_and_structured_payloads() -> None:
+    for bad in (
+        {"prompt_ids": ()},
+        {"prompt_ids": (1, -2)},
+        {"max_tokens": 0},
+        {"temperature": -0.1},
+        {"top_p": 0.0},
+        {"top_k": -2},
+        {"min_p": 1.5},
+    ):
+        with pytest.raises(ValueError):
+            GenerationRequest(**{"prompt_ids": PROMPT, "max_tokens": 4, **bad})  # type: ignore[arg-type]
+    shapes: list[tuple[StructuredOutput, dict[str, Any]]] = [
+        (JsonSchema({"type": "object"}), {"json": {"type": "object"}}),
+        (Regex("(yes|no)"), {"regex": "(yes|no)"}),
+        (Choice(("a", "b")), {"choice": ["a", "b"]}),
+        (Grammar("root ::= 'x'"), {"grammar": "root ::= 'x'"}),
+    ]
+    for structured, expected in shapes:
+        req = GenerationRequest(PROMPT, 4, structured=structured, stop_token_ids=(2,), model="lora-a")
+        payload = completion_payload(req, stream=False)
+        assert payload["structured_outputs"] == expected
+        assert payload["stop_token_ids"] == [2] and payload["model"] == "lora-a"
+
+
+def reload_server(fail_on: str | None = None) -> tuple[EngineClient, list[str]]:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        calls.append(f"{path}?{request.url.query.decode()}" if request.url.query else path)
+        if path == fail_on:
+            return (
+                httpx.Response(200, json={"success": False})
+                if path == "/reset_prefix_cache"
+                else (httpx.Response(500, json={"error": {"message": f"{path} failed", "code": 500}}))
+            )
+        if path == "/collective_rpc":
+            body = json.loads(request.content)
+            assert body == {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-3"}}
+            return httpx.Response(200, json={"results": [None]})
+        if path == "/update_weight_version":
+            assert json.loads(request.content) == {"new_version": "step-3"}
+        return httpx.Response(200, json={"success": True, "status": "ok"})
+
+    return fake(handler), calls
+
+
+async def test_reload_weights_calls_in_order() -> None:
+    client, calls = reload_server()
+    async with client:
+        result = await client.reload_weights("/ckpt/step-3", version="step-3")
+    assert result.version == "step-3"
+    assert calls == [
+        "/pause?mode=wait",
+        "/collective_rpc",
+        "/reset_prefix_cache",
+        "/update_weight_version",
+        "/resume",
+    ]
+
+
+@pytest.mark.parametrize("fail_on", ["/collective_rpc", "/reset_prefix_cache"])
+async def test_failed_reload_leaves_the_engine_paused(fail_on: str) -> None:
+    client, calls = reload_server(fail_on)
+    async with client:
+        with pytest.raises(EngineError, match="failed|could not be reset"):
+            await client.reload_weights("/ckpt/step-3", version="step-3")
+    assert calls[-1] == fail_on and "/resume" not in calls
