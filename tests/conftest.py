@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from addon import launch
+from addon.launch import ProxyHandle
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PYTHON = ROOT / ".venvs" / "engine" / "bin" / "python"
 
@@ -45,15 +48,9 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The integration tier needs one vLLM engine and one mitmdump for the whole session. `make test` starts the engine
 # once and passes ENGINE_URL; run alone, the fixture starts (and stops) its own through the engine env's CLI.
 
-PROXY_BIN = ROOT / ".venvs" / "proxy" / "bin"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = launch.free_port
 
 
 def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
@@ -97,54 +94,15 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory):
         subprocess.run([str(ENGINE_PYTHON), "-m", "trainer.engine", "stop", "--run-dir", str(run_dir)], cwd=ROOT)
 
 
-class Proxy:
-    """A running ``mitmdump -s addon/capture.py`` in regular proxy mode."""
-
-    def __init__(self, port: int, admin_port: int, confdir: Path, records: Path, log: Path) -> None:
-        self.port, self.admin_port, self.confdir, self.records, self.log = port, admin_port, confdir, records, log
-
-    @property
-    def ca(self) -> Path:
-        return self.confdir / "mitmproxy-ca-cert.pem"
-
-    def url(self, session: str) -> str:
-        return f"http://{session}:token@127.0.0.1:{self.port}"
-
-    def base_url(self, session: str) -> str:
-        """Reverse mode: a base URL whose path prefix names the session."""
-        return f"http://127.0.0.1:{self.port}/s/{session}"
-
-    def admin(self, method: str, path: str) -> dict:
-        import httpx
-
-        r = httpx.request(method, f"http://127.0.0.1:{self.admin_port}/_harnessrl/admin/{path}", timeout=30)
-        r.raise_for_status()
-        return r.json()
+Proxy = ProxyHandle  # the fixtures hand out addon.launch's handle
 
 
-def start_proxy(tmp: Path, engine: str, *extra: str, mode: str = "regular") -> tuple[subprocess.Popen, Proxy]:
-    """Start mitmdump with the addon. In regular mode the session comes from the proxy credentials (proxyauth=any);
-    in reverse mode (a base URL) from the ``/s/<session>`` path prefix — proxyauth would demand HTTP auth there."""
-    import httpx
-
-    port, admin = free_port(), free_port()
-    confdir, records, log = tmp / "mitm", tmp / "records", tmp / "mitmdump.log"
-    cmd = [
-        str(PROXY_BIN / "mitmdump"),
-        "--mode", mode, "--listen-host", "127.0.0.1", "--listen-port", str(port),
-        "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy", "--set", "upstream_cert=false",
-        *(["--set", "proxyauth=any"] if mode == "regular" else []), "-s", str(ROOT / "addon" / "capture.py"),
-        "--set", f"harnessrl_engine_url={engine}", "--set", f"harnessrl_records_dir={records}",
-        "--set", f"harnessrl_server_port={admin}", *extra,
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    proxy = Proxy(port, admin, confdir, records, log)
-
-    def ready() -> bool:
-        return proxy.ca.exists() and httpx.get(f"http://127.0.0.1:{admin}/_harnessrl/admin/stats").status_code == 200
-
-    wait_until(ready, 120, "mitmdump with the capture addon", proc, log)
-    return proc, proxy
+def start_proxy(tmp: Path, engine: str, *extra: str, mode: str = "regular") -> tuple[subprocess.Popen, ProxyHandle]:
+    """Start mitmdump with the addon (see addon.launch); ``extra`` is ``"--set", "name=value"`` pairs."""
+    if len(extra) % 2 or any(flag != "--set" for flag in extra[::2]):
+        raise ValueError(f"extra must be '--set', 'name=value' pairs, got {extra}")
+    handle = launch.start(launch.ProxyConfig(engine, tmp, mode=mode, options=tuple(extra[1::2])))
+    return handle.process, handle
 
 
 def stop_process(proc: subprocess.Popen) -> None:

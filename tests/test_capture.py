@@ -30,17 +30,17 @@ PROMPT = "Name three colours."
 
 
 def openai_client(proxy, session: str) -> openai.OpenAI:
-    http = httpx.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=300)
+    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=300)
     return openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)  # type: ignore[arg-type]
 
 
 def anthropic_client(proxy, session: str) -> anthropic.Anthropic:
-    http = httpx2.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=300)
+    http = httpx2.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=300)
     return anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0)
 
 
 def gemini_client(proxy, session: str) -> genai.Client:
-    args = {"proxy": proxy.url(session), "verify": str(proxy.ca), "timeout": 300}
+    args = {"proxy": proxy.url(session), "verify": proxy.ssl_context(), "timeout": 300}
     return genai.Client(api_key="test-key", http_options=gtypes.HttpOptions(client_args=args))
 
 
@@ -152,7 +152,7 @@ def test_fifty_concurrent_sessions_of_mixed_formats(proxy):
     ],
 )
 def test_bad_requests_get_vendor_shaped_errors(proxy, path, body, headers, status, shape):
-    with httpx.Client(proxy=proxy.url("faults"), verify=str(proxy.ca), timeout=120) as http:
+    with httpx.Client(proxy=proxy.url("faults"), verify=proxy.ssl_context(), timeout=120) as http:
         host = {"anthropic": "api.anthropic.com", "gemini": "generativelanguage.googleapis.com"}.get(
             shape, "api.openai.com"
         )
@@ -168,7 +168,7 @@ def test_bad_requests_get_vendor_shaped_errors(proxy, path, body, headers, statu
 
 
 def test_unknown_routes_answered_locally_and_other_hosts_untouched(proxy):
-    with httpx.Client(proxy=proxy.url("routes"), verify=str(proxy.ca), timeout=30) as http:
+    with httpx.Client(proxy=proxy.url("routes"), verify=proxy.ssl_context(), timeout=30) as http:
         r = http.post("https://api.anthropic.com/api/event_logging/v2/batch", json={"events": []})
         assert (r.status_code, r.json()) == (200, {})
         r = http.get("https://api.anthropic.com/v1/models", headers={"anthropic-version": "2023-06-01"})

@@ -113,7 +113,7 @@ def records_of(proxy, session: str) -> list[dict]:
 
 def test_engine_down_at_start_gives_vendor_errors_with_retry_after_then_recovers(faulty):
     proxy, engine = faulty
-    http = httpx2.Client(proxy=proxy.url("down"), verify=str(proxy.ca), timeout=60)
+    http = httpx2.Client(proxy=proxy.url("down"), verify=proxy.ssl_context(), timeout=60)
     client = anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as err:
         client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
@@ -132,7 +132,7 @@ def test_engine_dies_mid_stream_in_stream_error_and_incomplete_record(faulty):
     engine.start()
     engine.die_after = 3
     session = f"midstream-{uuid.uuid4().hex[:6]}"
-    http = httpx.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=60)
+    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
     client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)  # type: ignore[arg-type]
     seen = []
     with pytest.raises(openai.APIError):
@@ -153,7 +153,7 @@ def test_budget_stop_answers_normally_and_is_recorded(faulty):
     proxy, engine = faulty
     engine.start()
     session = f"budget-{uuid.uuid4().hex[:6]}"
-    http = httpx.Client(proxy=proxy.url(session), verify=str(proxy.ca), timeout=60)
+    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
     client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)  # type: ignore[arg-type]
     msgs = [{"role": "user", "content": "hi"}]
     answers = [client.chat.completions.create(model="m", messages=msgs).choices[0] for _ in range(3)]  # type: ignore[arg-type]

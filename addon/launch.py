@@ -1,0 +1,169 @@
+"""Start and stop ``mitmdump -s addon/capture.py`` from Python (tests, benchmarks, collection) or the command line.
+
+Contract
+--------
+``ProxyConfig`` says how to run it; ``start(config)`` launches mitmdump in its own process group, waits until its CA
+exists and the addon's internal server answers (the addon is then ready: model calls wait for it, never pass through)
+and returns a :class:`ProxyHandle`; ``handle.stop()`` ends it. In regular mode the session comes from the proxy
+credentials (``proxyauth=any``); in reverse mode (a base URL) from the ``/s/<session>`` path prefix — proxyauth would
+demand HTTP auth there, so it is off.
+
+CLI (proxy env): ``python -m addon.launch --engine-url URL [--port P] [--records-dir D] [--set name=value ...]``
+runs in the foreground until Ctrl-C, printing the ``HTTPS_PROXY`` and CA path to use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+MITMDUMP = Path(sys.executable).parent / "mitmdump"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    engine_url: str
+    workdir: Path  # confdir (CA), records and the log go here unless given
+    port: int = 0  # 0: a free port
+    admin_port: int = 0
+    mode: str = "regular"
+    records_dir: Path | None = None
+    options: tuple[str, ...] = ()  # extra "name=value" for --set
+    startup_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        for opt in self.options:
+            if "=" not in opt:
+                raise ValueError(f"proxy option {opt!r} must look like name=value")
+
+
+@dataclass
+class ProxyHandle:
+    process: subprocess.Popen
+    port: int
+    admin_port: int
+    confdir: Path
+    records: Path
+    log: Path
+    mode: str = field(default="regular")
+
+    @property
+    def ca(self) -> Path:
+        return self.confdir / "mitmproxy-ca-cert.pem"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context trusting this proxy's CA (for httpx clients in tests and benchmarks)."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def url(self, session: str) -> str:
+        """``HTTPS_PROXY`` for a harness whose calls belong to ``session``."""
+        return f"http://{session}:token@127.0.0.1:{self.port}"
+
+    def base_url(self, session: str) -> str:
+        """Reverse mode: a base URL whose path prefix names the session."""
+        return f"http://127.0.0.1:{self.port}/s/{session}"
+
+    def admin(self, method: str, path: str) -> dict:
+        r = httpx.request(method, f"http://127.0.0.1:{self.admin_port}/_harnessrl/admin/{path}", timeout=60)
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def command(config: ProxyConfig, port: int, admin_port: int, records: Path) -> list[str]:
+    cmd = [str(MITMDUMP), "--mode", config.mode, "--listen-host", "127.0.0.1", "--listen-port", str(port)]
+    cmd += ["--set", f"confdir={config.workdir / 'mitm'}", "--set", "connection_strategy=lazy"]
+    cmd += ["--set", "upstream_cert=false", "-s", str(ROOT / "addon" / "capture.py")]
+    if config.mode == "regular":
+        cmd += ["--set", "proxyauth=any"]
+    cmd += ["--set", f"harnessrl_engine_url={config.engine_url}", "--set", f"harnessrl_records_dir={records}"]
+    cmd += ["--set", f"harnessrl_server_port={admin_port}"]
+    for opt in config.options:
+        cmd += ["--set", opt]
+    return cmd
+
+
+def start(config: ProxyConfig) -> ProxyHandle:
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    port, admin = config.port or free_port(), config.admin_port or free_port()
+    records = config.records_dir or config.workdir / "records"
+    log = config.workdir / "mitmdump.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            command(config, port, admin, records),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    handle = ProxyHandle(proc, port, admin, config.workdir / "mitm", records, log, config.mode)
+    deadline = time.monotonic() + config.startup_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mitmdump exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if handle.ca.exists() and _answers(admin):
+            return handle
+        time.sleep(0.2)
+    handle.stop()
+    raise TimeoutError(f"mitmdump not ready after {config.startup_timeout:.0f}s:\n{log.read_text()[-3000:]}")
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/_harnessrl/admin/stats", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m addon.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine-url", required=True)
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--workdir", type=Path, default=Path("runs/proxy"))
+    ap.add_argument("--records-dir", type=Path, default=None)
+    ap.add_argument("--mode", default="regular")
+    ap.add_argument("--set", dest="options", action="append", default=[], metavar="NAME=VALUE")
+    args = ap.parse_args(argv)
+    cfg = ProxyConfig(args.engine_url, args.workdir, args.port, 0, args.mode, args.records_dir, tuple(args.options))
+    handle = start(cfg)
+    print(f"proxy ready on 127.0.0.1:{handle.port} (records: {handle.records}, log: {handle.log})", file=sys.stderr)
+    if handle.mode == "regular":
+        print(f"  HTTPS_PROXY=http://SESSION:token@127.0.0.1:{handle.port}", file=sys.stderr)
+        print(f"  CA: {handle.ca} (NODE_EXTRA_CA_CERTS / SSL_CERT_FILE / CODEX_CA_CERTIFICATE)", file=sys.stderr)
+    else:
+        print(f"  base URL: http://127.0.0.1:{handle.port}/s/SESSION", file=sys.stderr)
+    print(f"  admin: http://127.0.0.1:{handle.admin_port}/_harnessrl/admin/stats", file=sys.stderr)
+    try:
+        handle.process.wait()
+    except KeyboardInterrupt:
+        handle.stop()
+    return handle.process.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
