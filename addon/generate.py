@@ -140,6 +140,9 @@ class Generator:
         force_tool_calls: bool = False,
     ) -> None:
         self.force_tool_calls = force_tool_calls
+        # The engine's weight version, kept current by the runtime (polled, or pushed by the trainer through the
+        # admin route) instead of asked per call: an extra engine round trip per call costs most under load.
+        self.policy_version: int | None = None
         self.renderer = renderer
         self.engine = engine
         self.store = store
@@ -182,9 +185,8 @@ class Generator:
 
     async def _generate(self, turn: _Turn, dialect: Dialect, sink: ResponseSink, t0: float) -> None:
         request = turn.request
-        rendered, turn.policy_version = await asyncio.gather(
-            asyncio.to_thread(self.renderer.render, request), self._policy_version()
-        )
+        turn.policy_version = self.policy_version
+        rendered = await asyncio.to_thread(self.renderer.render, request)
         turn.prompt_ids = tuple(rendered.prompt_ids)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
@@ -247,14 +249,6 @@ class Generator:
                 await sink.write(encoder.feed(event))
         await sink.end()
         self.stats.call_done(time.perf_counter() - turn.engine_done, len(turn.completion_ids))
-
-    async def _policy_version(self) -> int | None:
-        """The engine's weight version (an int set by the trainer); None when the engine reports none."""
-        try:
-            version = await self.engine.weight_version()
-        except EngineError:
-            return None
-        return int(version) if version.isdigit() else None
 
     async def _emit(
         self, events: list[StreamEvent], acc: Accumulator, encoder: StreamEncoder | None, sink: ResponseSink

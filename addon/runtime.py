@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mitmproxy import http
 
+from addon.aio import spawn
 from addon.config import CaptureConfig
 from addon.engine_client import EngineClient, EngineError
 from addon.generate import Generator
@@ -49,6 +50,7 @@ class Runtime:
         self.generator: Generator | None = None
         self.server: InternalServer | None = None
         self._bind_lock = asyncio.Lock()
+        self._poller: asyncio.Task | None = None
 
     @property
     def port(self) -> int:
@@ -61,7 +63,13 @@ class Runtime:
         )
         runtime = cls(config, EngineClient(config.engine_url), store)
         runtime.server = InternalServer(
-            _LazyGenerator(runtime), runtime.sessions, runtime.stats, store.run_id, config.max_body, store.close_session
+            _LazyGenerator(runtime),
+            runtime.sessions,
+            runtime.stats,
+            store.run_id,
+            config.max_body,
+            flush_session=store.close_session,
+            set_policy_version=runtime.set_policy_version,
         )
         await runtime.server.start(port=config.server_port)
         try:
@@ -96,6 +104,12 @@ class Runtime:
                 policy=self.config.sampling,
                 force_tool_calls=self.config.force_tool_calls,
             )
+            try:
+                version = await self.engine.weight_version()
+                self.set_policy_version(int(version) if version.isdigit() else None)
+            except EngineError as e:
+                log.warning("harnessrl: the engine reports no weight version (%s); records carry none", e)
+            self._poller = spawn(self._poll_policy_version(), "policy-version")
             log.info(
                 "harnessrl: bound to %s (context %d) in %.1fs",
                 self.served_model,
@@ -104,7 +118,23 @@ class Runtime:
             )
             return self.generator
 
+    async def _poll_policy_version(self, every: float = 1.0) -> None:
+        """Keep the generator's policy version current. The trainer also pushes it after each weight sync."""
+        while True:
+            try:
+                version = await self.engine.weight_version()
+                self.set_policy_version(int(version) if version.isdigit() else None)
+            except EngineError as e:
+                log.debug("weight version poll failed: %s", e)
+            await asyncio.sleep(every)
+
+    def set_policy_version(self, version: int | None) -> None:
+        if self.generator is not None:
+            self.generator.policy_version = version
+
     async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         if self.server is not None:
             await self.server.stop()
         await asyncio.to_thread(self.store.close)

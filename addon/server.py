@@ -10,7 +10,8 @@ Contract
   session), ``x-harnessrl-path`` (original path and query) and ``x-harnessrl-call-id``. The answer is whatever the
   :class:`~addon.generate.Generator` writes, in the caller's wire format.
 * ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
-  flushes a session's records into shards; ``GET /_harnessrl/admin/stats`` — calls/s, p50/p99 overhead, errors.
+  flushes a session's records into shards; ``GET /_harnessrl/admin/stats`` — calls/s, p50/p99 overhead, errors;
+  ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights.
 
 Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
 """
@@ -71,17 +72,20 @@ class InternalServer:
         run_id: str,
         max_body: int,
         flush_session=None,
+        set_policy_version=None,
     ) -> None:
         self.generator = generator
         self.sessions = sessions
         self.stats = stats
         self.run_id = run_id
         self._flush_session = flush_session
+        self._set_policy_version = set_policy_version
         self.app = web.Application(client_max_size=max_body + 1024 * 1024)
         self.app.router.add_post(CALL_PATH, self._call)
         self.app.router.add_get("/_harnessrl/admin/sessions", self._sessions)
         self.app.router.add_post("/_harnessrl/admin/sessions/{session}/close", self._close)
         self.app.router.add_get("/_harnessrl/admin/stats", self._stats)
+        self.app.router.add_post("/_harnessrl/admin/policy_version", self._policy_version)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -148,6 +152,18 @@ class InternalServer:
         if self._flush_session is not None:
             await asyncio.to_thread(self._flush_session, session)
         return web.json_response({"session": session, "known": state is not None, "flushed": True})
+
+    async def _policy_version(self, request: web.Request) -> web.Response:
+        """The trainer pushes the new weight version right after a sync, so no call is recorded with a stale one."""
+        try:
+            version = (await request.json())["version"]
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": 'expected {"version": <int>}'}, status=400)
+        if self._set_policy_version is not None:
+            self._set_policy_version(version)
+        return web.json_response({"version": version})
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats.snapshot())
