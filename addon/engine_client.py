@@ -47,7 +47,7 @@ PauseMode = Literal["abort", "wait", "keep"]
 
 @dataclass(frozen=True)
 class JsonSchema:
-    schema: Mapping[str, Any]
+    schema: Mapping[str, Any] = field(hash=False)  # a dict is not hashable; equality still compares it
     kind: Literal["json"] = field(default="json", init=False)
 
 
@@ -531,8 +531,8 @@ def _stream_event_chunks(data: str) -> list[GenerationChunk]:
         raise MalformedResponse(f"stream event is not an object: {data[:200]!r}")
     if "error" in obj:
         err = obj["error"]
-        status = err.get("code") if isinstance(err, dict) and isinstance(err.get("code"), int) else 500
-        raise error_from_body(status, data)
+        code = err.get("code") if isinstance(err, dict) else None
+        raise error_from_body(code if isinstance(code, int) else 500, data)
     choices = obj.get("choices")
     if not isinstance(choices, list) or len(choices) > 1:
         raise MalformedResponse(f"expected at most one choice per stream event: {data[:200]!r}")

@@ -2,8 +2,9 @@
 
 The server is started through the real CLI (``python -m trainer.engine serve --port 0``, background mode) and stopped
 through it at the end, so every engine-env session exercises both. ``ENGINE_URL`` in the environment reuses a running
-server instead (it must serve the default model). These tests need the engine env (vLLM, torch); collected from any
-other env the directory is left out rather than failing on imports.
+server instead (it must serve the default model, with ``--enable-lora``). LoRA is enabled so both weight-update
+paths are tested on one server (with no adapter selected it samples exactly as without LoRA). These tests need the
+engine env (vLLM, torch); collected from any other env the directory is left out rather than failing on imports.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     cli = [sys.executable, "-m", "trainer.engine"]
     started = time.monotonic()
     serve = subprocess.run(
-        [*cli, "serve", "--model", str(model_dir), "--port", "0", "--run-dir", str(run_dir)],
+        [*cli, "serve", "--model", str(model_dir), "--port", "0", "--run-dir", str(run_dir), "--enable-lora"],
         cwd=REPO,
         capture_output=True,
         text=True,

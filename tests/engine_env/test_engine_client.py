@@ -2,12 +2,13 @@
 
 One engine serves the whole session (conftest.py). What is checked: sampled ids decode to the returned text and
 their logprobs equal an fp32 transformers recomputation; streaming and non-streaming agree; weight reloads change
-and restore the sampled distribution; errors map to the typed hierarchy; stop ids and structured outputs behave.
-Measured figures are printed (run with ``-s``).
+and restore the sampled distribution; a hot-loaded LoRA adapter is sampled from exactly; errors map to the typed
+hierarchy; stop ids and structured outputs behave. Measured figures are printed (run with ``-s``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -175,3 +177,25 @@ async def test_stop_token_ids_and_structured_outputs(client: EngineClient, token
     assert forced.text in ("yes", "no") and forced.finish_reason == "stop"
     assert forced.completion_ids[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(list(forced.completion_ids), skip_special_tokens=True) == forced.text
+
+
+async def test_lora_adapter_hot_load(
+    client: EngineClient, tokenizer: Any, model_dir: Path, hf_model: Any, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapted = get_peft_model(base, config).eval()  # random A and B: the adapter changes the outputs
+    adapted.save_pretrained(tmp_path / "adapter")
+    req = GenerationRequest(chat_ids(tokenizer, QUESTIONS[1]), max_tokens=24, seed=9)
+    plain = await client.generate(req)
+    await client.load_lora_adapter("test-adapter", tmp_path / "adapter")
+    try:
+        assert any(m.id == "test-adapter" and m.parent is not None for m in await client.models())
+        with_lora = await client.generate(dataclasses.replace(req, model="test-adapter"))
+        assert max_diff(with_lora, hf_logprobs(adapted, req.prompt_ids, with_lora.completion_ids)) < 1e-3
+        assert max_diff(with_lora, hf_logprobs(hf_model, req.prompt_ids, with_lora.completion_ids)) > 0.05
+        assert await client.generate(req) == plain  # requests without the adapter are untouched
+    finally:
+        await client.unload_lora_adapter("test-adapter")
+    assert all(m.id != "test-adapter" for m in await client.models())
