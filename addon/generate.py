@@ -34,6 +34,9 @@ from addon.record_store import RecordStore
 from addon.records import CallRecord, TurnTokens, pack_json
 from addon.render import PromptRenderer
 from addon.sessions import SessionRegistry
+from addon.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
+from addon.splice import plan as splice_plan
+from addon.splice import record as splice_record
 from addon.stats import Stats
 from converters import dialect_for
 from converters.accumulate import Accumulator
@@ -121,6 +124,7 @@ class _Turn:
     policy_version: int | None = None
     malformed: int = 0
     recorded: bool = False
+    plan: SplicePlan | None = None
 
 
 class Generator:
@@ -128,6 +132,7 @@ class Generator:
         self,
         *,
         renderer: PromptRenderer,
+        splicer: SpliceRenderer,
         engine: EngineClient,
         store: RecordStore,
         sessions: SessionRegistry,
@@ -144,6 +149,8 @@ class Generator:
         # admin route) instead of asked per call: an extra engine round trip per call costs most under load.
         self.policy_version: int | None = None
         self.renderer = renderer
+        self.splicer = splicer
+        self.graphs = SessionGraphs()  # per-session prefix graphs: token-faithful splicing, cost ~ new suffix
         self.engine = engine
         self.store = store
         self.sessions = sessions
@@ -186,15 +193,17 @@ class Generator:
     async def _generate(self, turn: _Turn, dialect: Dialect, sink: ResponseSink, t0: float) -> None:
         request = turn.request
         turn.policy_version = self.policy_version
-        rendered = await asyncio.to_thread(self.renderer.render, request)
-        turn.prompt_ids = tuple(rendered.prompt_ids)
+        state = self.graphs.get(turn.info.session_id, time.monotonic())
+        aux = auxiliary_reason(request) is not None
+        turn.plan = await asyncio.to_thread(_plan_locked, state, request, self.splicer, aux)
+        turn.prompt_ids = turn.plan.prompt_ids
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
                 "context_length",
                 f"prompt is too long: {len(turn.prompt_ids)} tokens > {self.max_model_len - 1} maximum",
             )
         turn.applied = self.policy.apply(request, len(turn.prompt_ids), self.max_model_len)
-        parser = OutputParser(self.parser_spec, allowed=rendered.allowed_tools())
+        parser = OutputParser(self.parser_spec, allowed=turn.plan.allowed_tools())
         encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
         acc = Accumulator()
         start = StreamStart(_response_id(), request.model, int(time.time()), len(turn.prompt_ids))
@@ -236,6 +245,10 @@ class Generator:
         await self._emit([e for e in tail if not isinstance(e, Finish)], acc, encoder, sink)
         acc.feed_all(list(final))
         completion = acc.completion
+        # The node must exist before the client sees the end of this turn: its next call extends it.
+        await asyncio.to_thread(
+            _record_locked, state, turn, completion, final[0].reason if final else completion.finish_reason
+        )
         await self._record(turn, completion)
         if encoder is None:
             body = dumps_body(dialect.render_completion(completion))
@@ -323,7 +336,21 @@ def build_record(turn: _Turn, completion: Completion | None, served_model: str, 
         budget_stop=budget_stop,
         incomplete=turn.incomplete,
         identity_hints=_identity(req),
+        parent_call_id=turn.plan.parent_call_id if turn.plan else None,
+        fork_reason=turn.plan.fork_reason if turn.plan else None,
+        prompt_reused_tokens=turn.plan.reused_tokens if turn.plan else 0,
     )
+
+
+def _plan_locked(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool) -> SplicePlan:
+    with state.lock:
+        return splice_plan(state, request, splicer, auxiliary=auxiliary)
+
+
+def _record_locked(state: SessionState, turn: _Turn, completion: Completion, finish: Any) -> None:
+    assert turn.plan is not None
+    with state.lock:
+        splice_record(state, turn.info.call_id, turn.request, turn.plan, completion, turn.completion_ids, finish)
 
 
 def auxiliary_reason(request: ModelRequest) -> str | None:

@@ -29,6 +29,7 @@ from addon.render import PromptRenderer
 from addon.routes import ModelList
 from addon.server import InternalServer
 from addon.sessions import SessionRegistry
+from addon.splice import SpliceRenderer
 from addon.stats import Stats
 from converters import dialect_for
 from converters.base import Route, load_json_object
@@ -91,10 +92,12 @@ class Runtime:
             info = (await self.engine.models())[0]
             model_dir = self.config.model_dir or Path(info.root)
             self.renderer = await asyncio.to_thread(PromptRenderer.from_pretrained, model_dir)
+            splicer = await asyncio.to_thread(SpliceRenderer, self.renderer)  # probes the template once
             self.served_model = info.id
             self.max_model_len = info.max_model_len or _context_from_config(model_dir)
             self.generator = Generator(
                 renderer=self.renderer,
+                splicer=splicer,
                 engine=self.engine,
                 store=self.store,
                 sessions=self.sessions,
@@ -126,6 +129,8 @@ class Runtime:
                 self.set_policy_version(int(version) if version.isdigit() else None)
             except EngineError as e:
                 log.debug("weight version poll failed: %s", e)
+            if self.generator is not None:
+                self.generator.graphs.evict(time.monotonic())  # idle sessions and the memory cap
             await asyncio.sleep(every)
 
     def set_policy_version(self, version: int | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -222,8 +223,11 @@ def test_forced_tool_call_loop_is_one_session(forcing_proxy, engine_url):
     rows = session_records(forcing_proxy, session)
     assert [r["call_index"] for r in rows] == [0, 1]
     assert rows[0]["tool_call_names"] == ["bash"] and rows[0]["finish_reason"] == "tool_calls"
-    # the second call's prompt carries the first call's tool call and the tool result
-    assert len(rows[1]["prompt_ids"]) > len(rows[0]["prompt_ids"]) + len(rows[0]["completion_ids"])
+    # token-faithful: the second call's prompt is the first call's prompt + its sampled ids + the new suffix
+    first_ids = list(rows[0]["prompt_ids"]) + list(rows[0]["completion_ids"])
+    assert list(rows[1]["prompt_ids"][: len(first_ids)]) == first_ids
+    assert (rows[1]["parent_call_id"], rows[1]["fork_reason"]) == (rows[0]["call_id"], None)
+    assert rows[1]["prompt_reused_tokens"] == len(first_ids)
 
 
 def test_kill_9_during_traffic_loses_no_turn_a_client_saw_complete(tmp_path, engine_url):
@@ -291,3 +295,51 @@ def test_reverse_mode_base_url_with_session_prefix_and_admin(tmp_path, engine_ur
         assert stats["calls"] == 2 and stats["overhead_ms"]["p50"] > 0
     finally:
         stop_process(proc)
+
+
+def test_twenty_call_tool_session_is_token_faithful(forcing_proxy, engine_url):
+    from addon.records import records_from_table
+    from addon.render import PromptRenderer
+    from addon.sequences import build_sequences
+    from converters import dialect_for
+    from converters.base import Route
+
+    session = f"twenty-{uuid.uuid4().hex[:8]}"
+    c = openai_client(forcing_proxy, session)
+    msgs: list = [{"role": "user", "content": "Explore the repository, one command at a time."}]
+    for i in range(20):
+        out = c.chat.completions.create(model="gpt-test", messages=msgs, tools=[BASH_TOOL], max_tokens=64)  # type: ignore[list-item]
+        message = out.choices[0].message
+        msgs.append(message.model_dump(exclude_none=True))
+        msgs.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"file{i}.txt"})  # type: ignore[index]
+    forcing_proxy.admin("POST", f"sessions/{session}/close")
+    records = [r for r in records_from_table(read_records(forcing_proxy.records)) if r.session_id == session]
+    assert len(records) == 20
+    assert [r.fork_reason for r in records] == [None] * 20  # a normal tool loop never forks
+    sequences = [s for s in build_sequences(records) if not s.auxiliary]
+    assert len(sequences) == 1
+    seq = sequences[0]
+    # the final sequence is, position by position, each call's prompt delta followed by its sampled ids
+    expected: list[int] = []
+    for r in sorted(records, key=lambda r: r.call_index):
+        expected += list(r.tokens.prompt_ids[len(expected) :]) + list(r.tokens.completion_ids)
+    assert list(seq.input_ids) == expected
+    assert sum(seq.loss_mask) == sum(len(r.tokens.completion_ids) for r in records)
+    # re-tokenizing the harness's text (a fresh render of the last request) differs from the spliced ids
+    last = max(records, key=lambda r: r.call_index)
+    renderer = PromptRenderer.from_pretrained(os.environ.get("HARNESSRL_MODEL_DIR") or model_root(engine_url))
+    body = {"model": "gpt-test", "messages": msgs[:-2], "tools": [BASH_TOOL], "max_tokens": 64}
+    fresh = renderer.render(dialect_for("chat").parse_request(body, Route("chat", "/v1/chat/completions"))).prompt_ids
+    spliced = list(last.tokens.prompt_ids)
+    where = next((i for i, (a, b) in enumerate(zip(fresh, spliced, strict=False)) if a != b), None)
+    assert fresh != spliced, "re-tokenizing gave the sampled ids back exactly; the test shows nothing"
+    at = where if where is not None else min(len(fresh), len(spliced))
+    print(f"first difference at position {at}: fresh render {fresh[at : at + 8]} vs spliced {spliced[at : at + 8]}")
+
+
+def model_root(engine_url: str) -> str:
+    async def go() -> str:
+        async with EngineClient(engine_url) as engine:
+            return (await engine.models())[0].root
+
+    return asyncio.run(go())

@@ -1,0 +1,556 @@
+"""Token-faithful multi-turn prompts: a per-session prefix graph of calls, and the splice decision for a new call.
+
+Contract
+--------
+Sans-IO and synchronous. One :class:`SessionState` per session holds a node per recorded call; the caller holds
+``state.lock`` around :func:`plan` and around :func:`record` (they may run in a worker thread; the lock is not
+held while the engine generates). :class:`SessionGraphs` maps session ids to states and evicts them by idle time
+and by a cap on the token ids held. Build one :class:`SpliceRenderer` per :class:`~addon.render.PromptRenderer`.
+
+``plan(state, request, splicer)`` finds the *parent*: the most recent earlier call (same leading instructions,
+same tools) whose request messages followed by the assistant message the proxy returned
+(:func:`assistant_message`) are a prefix of the new request's messages. Then::
+
+    prompt_ids = parent.prompt_ids + parent.completion_ids + encode(suffix_text)
+
+so the model sees exactly the ids it sampled, and only the suffix (the rest of the template's close of the
+assistant turn, the new messages, the generation prompt) is tokenised. ``record(...)`` adds the finished call.
+
+Matching is canonical, robust to each format's round trip (:func:`message_key`): provider state (signatures,
+``cache_control``, item ids) is ignored, tool arguments compare as parsed JSON, ``developer`` equals ``system``,
+an assistant turn's text fragments are joined and the order between reasoning, text and calls is ignored; text
+and tool call ids compare exactly. A turn sent back without its reasoning forks (``reasoning_dropped``) unless the
+template shows no earlier reasoning (:attr:`SpliceRenderer.renders_reasoning`), when it is no change.
+
+The suffix is checked at string level: the template must render the history ending with the parent's assistant
+turn as a prefix of the new conversation, and its generation prompt must open that turn; else the call forks
+(``template_not_prefix``). When the template was probed to render each turn independently of the earlier ones
+(:attr:`SpliceRenderer.local`; ChatML templates such as SmolLM2's are), only the leading instructions, the message
+before the turn, the turn and the new messages are rendered, so the cost follows the suffix, not the history;
+otherwise (or with ``SpliceConfig(full_render=True)``) the whole conversation is rendered as text, never tokenised.
+
+End of turn: when the sampled ids end with the template's end-of-turn token they already hold it and only the rest
+of the close (ChatML: ``"\\n"``) is added. Otherwise (``finish_reason == "length"``, a stop string) the whole
+close (``"<|im_end|>\\n"``) is appended as prompt ids, which is what the model is then shown after its cut turn;
+with ``SpliceConfig(length_policy="fork")`` such a parent is not extended (``length_cut``). A call with no sampled
+ids (a budget stop's canned answer) is never extended: no ids stand for its turn.
+
+Anything else is a new root rendered in full; :data:`SpliceReason` says why. Its ``parent_call_id`` names the call
+it most likely replaces or follows (the matched call for ``reasoning_dropped`` / ``length_cut`` /
+``template_not_prefix``, else the latest non-auxiliary call), with ``fork_reason`` set, so a link with a fork
+reason never means "extends"; the first call has neither (``CallRecord`` allows a fork reason only with a parent).
+A retry (the same messages as an earlier call) is a sibling: that call's prompt ids, parent and reason again.
+
+Memory is linear in a session's length: a node's prompt ids are dropped once a call extends it (they are the head
+of the child's prompt). Correctness property (tested): with an append-only template and sampled ids equal to the
+tokenisation of the turn's text plus the end-of-turn id, the spliced ids equal a fresh render of the conversation.
+
+Organisation: reasons, config and plan; canonical keys and the shared context; nodes and session state; the
+template probe (:class:`SpliceRenderer`); :func:`plan` and :func:`record`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Literal, TypeAlias, get_args
+
+from addon.parser import CallKind
+from addon.render import (
+    PromptRenderer,
+    TemplateInput,
+    TemplateMessage,
+    ToolMode,
+    convert_message,
+    render_messages,
+)
+from converters.canonical import (
+    Completion,
+    FinishReason,
+    ImagePart,
+    Message,
+    ModelRequest,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolSpec,
+)
+
+ForkReason: TypeAlias = Literal[
+    "first_call",  # nothing earlier in the session
+    "history_rewritten",  # earlier messages changed (compaction, edits)
+    "reasoning_dropped",  # the harness sent the turn back without its reasoning, which the template renders
+    "tools_changed",
+    "instructions_changed",  # leading system/developer text differs (sub-agents)
+    "auxiliary",  # a side request (title, classifier): never spliced
+    "length_cut",  # the parent was cut by max tokens and length_policy is "fork"
+    "template_not_prefix",  # the template does not render the shared history as a prefix
+]
+FORK_REASONS: tuple[ForkReason, ...] = get_args(ForkReason)
+SpliceReason: TypeAlias = Literal["extends"] | ForkReason
+
+
+@dataclass(frozen=True)
+class SpliceConfig:
+    length_policy: Literal["close", "fork"] = "close"
+    """``close``: extend a parent cut by max tokens, appending the template's end-of-turn ids; ``fork``: do not."""
+    full_render: bool = False
+    """Render the whole conversation as text to check the suffix even when the template is message-local."""
+
+
+@dataclass(frozen=True)
+class SplicePlan:
+    """The prompt for one call and how it relates to earlier calls of the session."""
+
+    prompt_ids: tuple[int, ...]
+    reason: SpliceReason
+    parent_call_id: str | None
+    reused_tokens: int  # leading prompt ids taken verbatim from the parent's prompt + completion
+    suffix_text: str  # the text tokenised for this call (the whole prompt text for a new root)
+    mode: ToolMode
+    tool_kinds: tuple[tuple[str, CallKind], ...]
+    retry_of: str | None = None  # a sibling: the earlier call with the same messages
+
+    @property
+    def fork_reason(self) -> ForkReason | None:
+        """The record's ``fork_reason``: set only with a parent (``CallRecord`` requires that)."""
+        if self.reason == "extends" or self.parent_call_id is None:
+            return None
+        return self.reason
+
+    def allowed_tools(self) -> dict[str, CallKind]:
+        return dict(self.tool_kinds)
+
+
+# --------------------------------------------------------------------------------------------- canonical keys
+# Keys survive each format's round trip: provider state (signatures, cache_control, item ids) is ignored, tool
+# arguments compare as parsed JSON, developer == system. Text compares exactly.
+
+
+def _args_key(part: ToolCallPart) -> str:
+    if part.kind == "custom":
+        return part.arguments
+    return json.dumps(part.parsed_arguments(), sort_keys=True, ensure_ascii=False)
+
+
+def _part_key(part: Part) -> tuple[Any, ...]:
+    if isinstance(part, TextPart):
+        return ("text", part.text)
+    if isinstance(part, ImagePart):
+        return ("image", part.source, part.data, part.media_type)
+    if isinstance(part, ReasoningPart):
+        return ("reasoning", part.text)
+    if isinstance(part, ToolCallPart):
+        return ("call", part.id, part.name, part.kind, _args_key(part))
+    return ("result", part.call_id, part.is_error, part.kind, tuple(_part_key(p) for p in part.content))
+
+
+def message_key(msg: Message, *, keep_reasoning: bool = True) -> tuple[Any, ...]:
+    """A history message, canonically (assistant turns via :func:`assistant_key`)."""
+    if msg.role == "assistant":
+        return ("assistant", assistant_key(msg, keep_reasoning=keep_reasoning))
+    role = "system" if msg.role == "developer" else msg.role
+    return (role, tuple(_part_key(p) for p in msg.parts))
+
+
+def assistant_key(msg: Message, *, keep_reasoning: bool = True) -> tuple[str, str, tuple[tuple[Any, ...], ...]]:
+    """(reasoning, text, calls): fragments joined, order between kinds ignored (formats order blocks differently),
+    redacted reasoning (no text) left out."""
+    reasoning = "".join(p.text for p in msg.parts if isinstance(p, ReasoningPart)) if keep_reasoning else ""
+    text = "".join(p.text for p in msg.parts if isinstance(p, TextPart))
+    calls = tuple(_part_key(p) for p in msg.parts if isinstance(p, ToolCallPart))
+    return reasoning, text, calls
+
+
+def same_message(a: Message, b: Message, *, keep_reasoning: bool = True) -> bool:
+    if a == b:
+        return True
+    return message_key(a, keep_reasoning=keep_reasoning) == message_key(b, keep_reasoning=keep_reasoning)
+
+
+def assistant_message(completion: Completion) -> Message:
+    """The canonical assistant message the proxy returned for ``completion``."""
+    parts: list[Part] = [ReasoningPart(completion.reasoning)] if completion.reasoning else []
+    if completion.text:
+        parts.append(TextPart(completion.text))
+    parts.extend(ToolCallPart(c.id, c.name, c.arguments, c.kind) for c in completion.tool_calls)
+    return Message("assistant", tuple(parts))
+
+
+def _lead(messages: Sequence[Message]) -> int:
+    n = 0
+    while n < len(messages) and messages[n].role in ("system", "developer"):
+        n += 1
+    return n
+
+
+def _tool_key(tool: ToolSpec) -> tuple[Any, ...]:
+    params = json.dumps(tool.parameters, sort_keys=True, default=str)
+    return (tool.name, tool.description, tool.kind, params, tuple(_tool_key(t) for t in tool.tools))
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """What every turn of one lineage shares: the leading instructions and the tools offered. Compared as given
+    first (cheap), canonically when that fails. A call that extends its parent shares the parent's object, so the
+    canonical keys and the rendered head are computed once per lineage."""
+
+    lead: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+    tool_choice: ToolChoice | None
+    _heads: dict[int, TemplateInput] = field(default_factory=dict, repr=False)  # id(splicer) -> rendered head
+
+    @classmethod
+    def of(cls, request: ModelRequest) -> Context:
+        return cls(request.messages[: _lead(request.messages)], request.tools, request.tool_choice)
+
+    @cached_property
+    def instructions_key(self) -> tuple[tuple[Any, ...], ...]:
+        return tuple(message_key(m) for m in self.lead)
+
+    @cached_property
+    def tools_key(self) -> tuple[Any, ...]:
+        return tuple(_tool_key(t) for t in self.tools), repr(self.tool_choice)
+
+    def same_instructions(self, other: Context) -> bool:
+        return self.lead == other.lead or self.instructions_key == other.instructions_key
+
+    def same_tools(self, other: Context) -> bool:
+        if self.tools == other.tools and self.tool_choice == other.tool_choice:
+            return True
+        return self.tools_key == other.tools_key
+
+    def same(self, other: Context) -> bool:
+        return self is other or (self.same_instructions(other) and self.same_tools(other))
+
+    def head(self, splicer: SpliceRenderer, request: ModelRequest) -> TemplateInput:
+        """The template's system message and tools for this context (rendered once)."""
+        head = self._heads.get(id(splicer))
+        if head is None:
+            r = splicer.renderer
+            head = render_messages(replace(request, messages=self.lead), r.capabilities, r.spec)
+            self._heads[id(splicer)] = head
+        return head
+
+
+# --------------------------------------------------------------------------------------------- session state
+
+
+@dataclass(frozen=True)
+class CallNode:
+    call_id: str
+    messages: tuple[Message, ...]  # the request's messages, as parsed
+    assistant: Message  # what the proxy returned (assistant_message of the completion)
+    context: Context
+    prompt_len: int  # the prompt ids live in the session state (see SessionState.prompt_ids)
+    completion_ids: tuple[int, ...]
+    finish_reason: FinishReason | None  # "length": the sampled ids lack the end-of-turn token
+    plan: SplicePlan  # as planned, with prompt_ids left out
+
+    @property
+    def auxiliary(self) -> bool:
+        return self.plan.reason == "auxiliary"
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_len + len(self.completion_ids)
+
+
+@dataclass
+class SessionState:
+    """One session's graph. Hold ``lock`` around :func:`plan` and :func:`record`.
+
+    Memory stays linear in the session's length: a node's prompt ids are kept only until a call extends it; then
+    they are the head of that child's prompt (and are sliced from it in the rare case they are needed again).
+    """
+
+    session_id: str
+    last_used: float = 0.0
+    nodes: list[CallNode] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)  # nodes not extended yet
+    _extended_by: dict[str, str] = field(default_factory=dict, repr=False)  # node -> a child that extends it
+
+    def node(self, call_id: str) -> CallNode | None:
+        return next((n for n in reversed(self.nodes) if n.call_id == call_id), None)
+
+    def prompt_ids(self, node: CallNode) -> tuple[int, ...]:
+        call_id = node.call_id
+        while call_id not in self._ids:
+            call_id = self._extended_by[call_id]
+        ids = self._ids[call_id]
+        return ids if len(ids) == node.prompt_len else ids[: node.prompt_len]
+
+    def add(self, node: CallNode, prompt_ids: tuple[int, ...]) -> None:
+        if self.node(node.call_id) is not None:
+            raise ValueError(f"call {node.call_id} is already in session {self.session_id}")
+        self.nodes.append(node)
+        self._ids[node.call_id] = prompt_ids
+        parent = node.plan.parent_call_id
+        if node.plan.reason == "extends" and parent is not None and parent not in self._extended_by:
+            self._extended_by[parent] = node.call_id
+            self._ids.pop(parent, None)
+
+    @property
+    def tokens_held(self) -> int:
+        unique = {id(ids): len(ids) for ids in self._ids.values()}  # a retry shares its sibling's tuple
+        return sum(unique.values()) + sum(len(n.completion_ids) for n in self.nodes)
+
+
+class SessionGraphs:
+    """Session id -> :class:`SessionState`, evicted after ``idle_s`` unused or, least recently used first, while
+    more than ``max_tokens`` token ids are held in all."""
+
+    def __init__(self, *, idle_s: float = 3600.0, max_tokens: int = 20_000_000) -> None:
+        self.idle_s = idle_s
+        self.max_tokens = max_tokens
+        self._states: dict[str, SessionState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str, now: float) -> SessionState:
+        with self._lock:
+            state = self._states.get(session_id)
+            if state is None:
+                state = self._states[session_id] = SessionState(session_id)
+            state.last_used = now
+            return state
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def evict(self, now: float) -> list[str]:
+        """Drop idle sessions, then the least recently used until under the cap; returns the evicted ids."""
+        with self._lock:
+            gone = [sid for sid, s in self._states.items() if now - s.last_used > self.idle_s]
+            for sid in gone:
+                del self._states[sid]
+            held = {sid: s.tokens_held for sid, s in self._states.items()}
+            total = sum(held.values())
+            for sid in sorted(self._states, key=lambda k: self._states[k].last_used):
+                if total <= self.max_tokens:
+                    break
+                total -= held[sid]
+                del self._states[sid]
+                gone.append(sid)
+            return gone
+
+
+# --------------------------------------------------------------------------------------------- template probe
+
+_MARK = "splice_probe_q7"
+
+
+class SpliceRenderer:
+    """A :class:`PromptRenderer` plus what splicing needs to know about its template, probed once.
+
+    * ``close_text``: what the template writes after an assistant turn's content (ChatML ``"<|im_end|>\\n"``);
+      ``eot_id``: its first token when that is a special token (the end-of-turn the model samples), else None.
+    * ``local``: the template renders a suffix the same whatever history precedes it (checked on probes).
+    * ``renders_reasoning``: reasoning of an earlier turn appears in the rendered history.
+    """
+
+    def __init__(self, renderer: PromptRenderer, config: SpliceConfig | None = None) -> None:
+        self.renderer = renderer
+        self.config = config or SpliceConfig()
+        user = {"role": "user", "content": "hello"}
+        turn = self.apply([user, {"role": "assistant", "content": _MARK}], generation=False)
+        if _MARK not in turn:
+            raise ValueError("the chat template does not render an assistant turn's content")
+        self.close_text = turn[turn.index(_MARK) + len(_MARK) :]
+        tok = renderer.tokenizer
+        close_ids = renderer.encode(self.close_text) if self.close_text else ()
+        special = set(tok.all_special_ids)
+        self.eot_id: int | None = close_ids[0] if close_ids and close_ids[0] in special else None
+        eot_text = tok.decode([self.eot_id]) if self.eot_id is not None else ""
+        self.close_rest = self.close_text[len(eot_text) :] if self.close_text.startswith(eot_text) else None
+        self.renders_reasoning = self._probe_reasoning()
+        self.local = self._probe_local()
+
+    @property
+    def mode(self) -> ToolMode:
+        return "native" if self.renderer.capabilities.native_tools else "fallback"
+
+    def apply(self, messages: Sequence[TemplateMessage], generation: bool, tools: Any = None) -> str:
+        r = self.renderer
+        text = r.tokenizer.apply_chat_template(
+            list(messages), tools=tools, chat_template=r.template, tokenize=False, add_generation_prompt=generation
+        )
+        if not isinstance(text, str):
+            raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
+        return text
+
+    def convert(self, msg: Message, names: dict[str, str]) -> list[TemplateMessage]:
+        r = self.renderer
+        return convert_message(msg, r.capabilities, self.mode, r.spec, names)
+
+    def _probe_reasoning(self) -> bool:
+        turn = Message("assistant", (ReasoningPart(_MARK), TextPart("ok")))
+        messages = [{"role": "user", "content": "a"}, *self.convert(turn, {}), {"role": "user", "content": "b"}]
+        try:
+            return _MARK in self.apply(messages, generation=True)
+        except Exception:  # a template refusing the probe renders nothing we could compare: be conservative
+            return True
+
+    def _probe_local(self) -> bool:
+        """Suffixes rendered after a short and a long history (with and without a system message) agree."""
+        sys = [{"role": "system", "content": "rules"}]
+        turn = [{"role": "assistant", "content": "done"}]
+        short = [{"role": "user", "content": "go"}, *turn]
+        long = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, *short]
+        nxt = {"role": "user", "content": "next"}
+        suffixes = ([nxt], [{"role": "system", "content": "mid"}, nxt])
+        try:
+            for tail in suffixes:
+                got = {self._suffix(h, tail) for h in (short, long, sys + short, sys + long)}
+                if len(got) != 1 or None in got:
+                    return False
+        except Exception:
+            return False
+        return True
+
+    def _suffix(self, history: list[TemplateMessage], tail: list[TemplateMessage]) -> str | None:
+        before = self.apply(history, generation=False)
+        after = self.apply(history + tail, generation=True)
+        return after[len(before) :] if after.startswith(before) else None
+
+
+# --------------------------------------------------------------------------------------------- plan and record
+
+
+def plan(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, *, auxiliary: bool = False) -> SplicePlan:
+    """The prompt ids for ``request`` (see the module docstring). Raises ConversionError as rendering does."""
+    predecessor = next((n for n in reversed(state.nodes) if not n.auxiliary), None)
+    if auxiliary:
+        return _root(request, splicer, "auxiliary", predecessor)
+    if predecessor is None:
+        return _root(request, splicer, "first_call", None)
+    context = Context.of(request)
+    near: tuple[ForkReason, CallNode] | None = None  # a call the request follows, but that cannot be extended
+    for node in reversed(state.nodes):
+        if node.auxiliary or not node.context.same(context):
+            continue
+        match = _match(node, request.messages, splicer)
+        if match == "retry":
+            return replace(node.plan, prompt_ids=state.prompt_ids(node), retry_of=node.call_id)
+        if match == "extends":
+            if not node.completion_ids:
+                continue  # nothing was sampled (a budget stop's canned answer): no ids stand for the turn
+            if node.finish_reason == "length" and splicer.config.length_policy == "fork":
+                near = near or ("length_cut", node)
+                continue
+            spliced = _splice(node, state.prompt_ids(node), request, splicer)
+            if spliced is not None:
+                return spliced
+            near = near or ("template_not_prefix", node)
+        elif match == "reasoning_dropped":
+            near = near or ("reasoning_dropped", node)
+    if near is not None:
+        return _root(request, splicer, near[0], near[1])
+    if not context.same_instructions(predecessor.context):
+        return _root(request, splicer, "instructions_changed", predecessor)
+    if not context.same_tools(predecessor.context):
+        return _root(request, splicer, "tools_changed", predecessor)
+    return _root(request, splicer, "history_rewritten", predecessor)
+
+
+def _match(
+    node: CallNode, messages: tuple[Message, ...], splicer: SpliceRenderer
+) -> Literal["retry", "extends", "reasoning_dropped", "none"]:
+    """How ``messages`` relate to ``node``: strictly, then with reasoning ignored (a harness dropped it)."""
+    k = len(node.messages)
+    if len(messages) < k or (k < len(messages) and messages[k].role != "assistant") or len(messages) == k + 1:
+        return "none"  # shorter, the turn missing, or nothing new after it
+    ours = node.messages + (node.assistant,) if len(messages) > k else node.messages
+    for keep in (True, False):
+        # Equal as parsed (one tuple comparison, the common case), else message by message canonically.
+        same = keep and ours[:k] == messages[:k] and all(map(same_message, ours[k:], messages[k : len(ours)]))
+        if same or all(same_message(a, b, keep_reasoning=keep) for a, b in zip(ours, messages, strict=False)):
+            retry_or_extend: Literal["retry", "extends"] = "retry" if len(messages) == k else "extends"
+            if keep or not splicer.renders_reasoning:  # no earlier reasoning shows: dropping it changes nothing
+                return retry_or_extend
+            return "reasoning_dropped"
+    return "none"
+
+
+def _splice(
+    node: CallNode, prompt_ids: tuple[int, ...], request: ModelRequest, splicer: SpliceRenderer
+) -> SplicePlan | None:
+    """Extend ``node``: its ids, then the tokenised suffix; None when the template check fails."""
+    head = node.context.head(splicer, request)
+    messages = request.messages
+    k = len(node.messages)
+    lead = len(node.context.lead)
+    names = _call_names(messages) if head.mode == "native" else {}
+    if splicer.local and not splicer.config.full_render:
+        context = [m for msg in messages[max(lead, k - 1) : k] for m in splicer.convert(msg, names)]
+    else:
+        context = [m for msg in messages[lead:k] for m in splicer.convert(msg, names)]
+    base = list(head.messages) + context
+    turn = splicer.convert(messages[k], names)
+    new = [m for msg in messages[k + 1 :] for m in splicer.convert(msg, names)]
+    tools = list(head.tools) if head.tools else None
+    try:
+        opened = splicer.apply(base, generation=True, tools=tools)
+        closed = splicer.apply(base + turn, generation=False, tools=tools)
+        full = splicer.apply(base + turn + new, generation=True, tools=tools)
+    except Exception:  # the template refused this shape (e.g. role order checks): a fresh render decides
+        return None
+    if not (closed.startswith(opened) and full.startswith(closed) and closed.endswith(splicer.close_text)):
+        return None
+    ended = splicer.eot_id is not None and node.completion_ids[-1:] == (splicer.eot_id,)
+    if ended and splicer.close_rest is None:
+        return None  # the end-of-turn token's text does not start the close: the glue is unknown
+    glue = splicer.close_rest if ended and splicer.close_rest is not None else splicer.close_text
+    suffix = glue + full[len(closed) :]
+    kinds = tuple((t.name, _kind(t)) for t in head.offered)
+    ids = prompt_ids + (node.completion_ids + splicer.renderer.encode(suffix))  # one copy of the long part
+    return SplicePlan(ids, "extends", node.call_id, node.tokens, suffix, head.mode, kinds)
+
+
+def _root(request: ModelRequest, splicer: SpliceRenderer, reason: ForkReason, parent: CallNode | None) -> SplicePlan:
+    rendered = splicer.renderer.render(request)
+    parent_id = parent.call_id if parent is not None else None
+    return SplicePlan(
+        rendered.prompt_ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds
+    )
+
+
+def _call_names(messages: Sequence[Message]) -> dict[str, str]:
+    return {p.id: p.name for m in messages for p in m.parts if isinstance(p, ToolCallPart)}
+
+
+def _kind(tool: ToolSpec) -> CallKind:
+    return "custom" if tool.kind == "custom" else "function"
+
+
+def record(
+    state: SessionState,
+    call_id: str,
+    request: ModelRequest,
+    plan: SplicePlan,
+    completion: Completion,
+    completion_ids: Sequence[int],
+    finish_reason: FinishReason | None,
+) -> CallNode:
+    """Add the finished call as a node (a later call may extend it). ``completion`` is what the proxy returned,
+    ``completion_ids`` what the engine sampled."""
+    context = Context.of(request)
+    parent = state.node(plan.parent_call_id) if plan.reason == "extends" and plan.parent_call_id else None
+    node = CallNode(
+        call_id=call_id,
+        messages=request.messages,
+        assistant=assistant_message(completion),
+        # A call that extends its parent has its instructions and tools (checked): share the object and its caches.
+        context=parent.context if parent is not None else context,
+        prompt_len=len(plan.prompt_ids),
+        completion_ids=tuple(completion_ids),
+        finish_reason=finish_reason,
+        plan=replace(plan, prompt_ids=()),
+    )
+    state.add(node, plan.prompt_ids)
+    return node
