@@ -197,6 +197,7 @@ class Generator:
         aux = auxiliary_reason(request) is not None
         turn.plan = await asyncio.to_thread(_plan_locked, state, request, self.splicer, aux)
         turn.prompt_ids = turn.plan.prompt_ids
+        self.stats.splice(turn.plan.reason)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
                 "context_length",

@@ -26,6 +26,7 @@ class Stats:
         self.calls = 0
         self.completion_tokens = 0
         self.errors: Counter[str] = Counter()
+        self.splices: Counter[str] = Counter()  # "extends" or the fork reason of each spliced call
         self._overhead_in: deque[float] = deque(maxlen=window)
         self._overhead_out: deque[float] = deque(maxlen=window)
         self._done_at: deque[float] = deque(maxlen=window)
@@ -38,6 +39,13 @@ class Stats:
         self.completion_tokens += completion_tokens
         self._overhead_out.append(finish_seconds)
         self._done_at.append(self._clock())
+
+    def _forks(self) -> int:
+        """Calls that could not extend an earlier call (a session's first call is not a fork)."""
+        return sum(n for reason, n in self.splices.items() if reason not in ("extends", "first_call"))
+
+    def splice(self, reason: str) -> None:
+        self.splices[reason] += 1
 
     def error(self, kind: str) -> None:
         self.errors[kind] += 1
@@ -52,6 +60,8 @@ class Stats:
             "completion_tokens": self.completion_tokens,
             "calls_per_s_last_60s": round(len(recent) / 60.0, 3),
             "errors": dict(self.errors),
+            "splice": dict(self.splices),
+            "fork_ratio": round(self._forks() / max(1, sum(self.splices.values())), 4),
             "overhead_ms": {
                 "p50": round(_percentile(total, 0.5) * 1e3, 3),
                 "p99": round(_percentile(total, 0.99) * 1e3, 3),
