@@ -125,6 +125,7 @@ class _Turn:
     malformed: int = 0
     recorded: bool = False
     plan: SplicePlan | None = None
+    acc: Accumulator | None = None  # the answer so far, once generation started
 
 
 class Generator:
@@ -185,6 +186,15 @@ class Generator:
                 turn.error, turn.incomplete = f"{err.kind}: {err.message}", True
                 await self._record(turn, None)
             await _send_error(sink, dialect, err)
+        except (ConnectionError, asyncio.CancelledError):
+            # The client went away mid-answer (a harness exiting while its side call still streams, a retry after
+            # a client timeout): what the engine sampled so far is still this session's call. Leaving the engine
+            # stream by this exception also closes it, so vLLM stops sampling.
+            if not turn.recorded:
+                turn.error, turn.incomplete = "client_disconnected", True
+                self.stats.error("client_disconnected")
+                await asyncio.shield(self._record(turn, turn.acc.completion if turn.acc else None))
+            raise
         finally:
             self.sessions.end_call(
                 info.session_id, len(turn.prompt_ids) + len(turn.completion_ids), turn.error is not None
@@ -206,7 +216,7 @@ class Generator:
         turn.applied = self.policy.apply(request, len(turn.prompt_ids), self.max_model_len)
         parser = OutputParser(self.parser_spec, allowed=turn.plan.allowed_tools())
         encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
-        acc = Accumulator()
+        acc = turn.acc = Accumulator()
         start = StreamStart(_response_id(), request.model, int(time.time()), len(turn.prompt_ids))
         acc.feed(start)
         structured = forced_tool_call(request) if self.force_tool_calls else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -169,27 +170,34 @@ class InternalServer:
         return web.json_response(self.stats.snapshot())
 
 
-_HARNESS_UA = (
-    ("claude-cli/", "claude-code"),
-    ("codex_exec", "codex"),
-    ("codex_cli_rs", "codex"),
-    ("geminicli", "gemini-cli"),
-    ("opencode/", "opencode"),
-    ("kilo", "kilo"),
-    ("qwen-code", "qwen-code"),
-    ("litellm", "mini-swe-agent"),
-    ("hermes", "hermes"),
-    ("pi/", "pi"),
+# (pattern on the User-Agent, harness name). The version is the first dotted number after the match. Some harnesses
+# send only their SDK's agent (Pi: Anthropic/JS, mini-swe-agent and hermes: OpenAI/Python); those are named after
+# the SDK here, and the collector, which knows which harness it started, records the harness per episode.
+_HARNESS_UA: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), name)
+    for pattern, name in (
+        (r"claude-cli", "claude-code"),
+        (r"codex", "codex"),
+        (r"geminicli", "gemini-cli"),
+        (r"kilo", "kilo"),
+        (r"opencode", "opencode"),
+        (r"qwen-?code", "qwen-code"),
+        (r"hermes", "hermes"),
+        (r"litellm", "litellm"),
+        (r"anthropic/js", "anthropic-js-sdk"),
+        (r"openai/python", "openai-python-sdk"),
+        (r"openai/js", "openai-js-sdk"),
+        (r"google-genai-sdk", "google-genai-sdk"),
+    )
 )
+_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
 
 
 def harness_from_user_agent(ua: str) -> tuple[str, str | None]:
-    """Name and version of the harness from its User-Agent ("unknown" when it says nothing we know)."""
-    low = ua.lower()
-    for needle, name in _HARNESS_UA:
-        at = low.find(needle)
-        if at >= 0:
-            rest = ua[at + len(needle) :].lstrip("/ ")
-            version = rest.split()[0].split("/")[0] if rest else None
-            return name, (version or None)
-    return ("unknown", None) if not ua else (ua.split("/")[0].strip() or "unknown", None)
+    """Name and version of the caller from its User-Agent ("unknown" when it says nothing we know)."""
+    for pattern, name in _HARNESS_UA:
+        m = pattern.search(ua)
+        if m:
+            v = _VERSION.search(ua, m.end())
+            return name, (v.group(1) if v else None)
+    return ("unknown", None) if not ua else (ua.split("/")[0].strip()[:64] or "unknown", None)

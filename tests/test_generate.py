@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from addon.records import read_records
-from tests.conftest import free_port, start_proxy, stop_process
+from tests.conftest import free_port, start_proxy, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,7 @@ class FakeEngine:
         self.model_dir, self.port = model_dir, port
         self.die_after: int | None = None
         self.tokens = 6
+        self.delay = 0.0  # seconds between tokens
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
 
@@ -52,6 +53,7 @@ class FakeEngine:
                 assert request.transport is not None
                 request.transport.close()  # the engine process "dies" mid-stream
                 return resp
+            await asyncio.sleep(self.delay)
             last = i == self.tokens - 1
             choice = {
                 "index": 0,
@@ -161,3 +163,25 @@ def test_budget_stop_answers_normally_and_is_recorded(faulty):
     rows = sorted(records_of(proxy, session), key=lambda r: r["call_index"])
     assert [r["budget_stop"] for r in rows] == [None, None, "max_calls=2"]
     assert rows[2]["completion_ids"] == []  # nothing sampled, nothing to train on
+
+
+def test_client_gone_mid_stream_still_records_what_was_sampled(faulty):
+    proxy, engine = faulty
+    engine.start()
+    engine.delay = 0.3
+    session = f"gone-{uuid.uuid4().hex[:6]}"
+    body = {"model": "claude-test", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60) as http:
+            with http.stream("POST", "https://api.anthropic.com/v1/messages", json=body) as r:
+                received = b""
+                for chunk in r.iter_bytes():
+                    received += chunk
+                    if b"text_delta" in received:
+                        break  # the harness exits while the answer still streams
+        wait_until(lambda: proxy.admin("GET", "stats")["errors"].get("client_disconnected"), 30, "the disconnect")
+    finally:
+        engine.delay = 0.0
+    rows = records_of(proxy, session)
+    assert len(rows) == 1 and rows[0]["error"] == "client_disconnected" and rows[0]["incomplete"]
+    assert 1 <= len(rows[0]["completion_ids"]) < 6

@@ -1,0 +1,50 @@
+"""Qwen Code (``@qwen-code/qwen-code``) in ``-p`` mode with its OpenAI-compatible auth.
+
+It speaks Chat Completions (streaming) to the base URL in ``OPENAI_BASE_URL``; pointed at api.openai.com it goes
+through the proxy like any vendor call. It honours ``HTTPS_PROXY`` and ``NODE_EXTRA_CA_CERTS``. ``--yolo`` lets
+it run its tools unasked; ``~/.qwen/settings.json`` switches usage statistics off and caps the output. After the
+main turn (even a failed one) it sends a "managed memory extraction" side request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.harnesses.base import HarnessSpec
+
+# Qwen asks for up to 8,000 tokens (and 60 s later drops and retries a slow stream); a small CPU-served model would
+# spend minutes filling that, so the output is capped in both places Qwen reads a cap from.
+MAX_OUTPUT_TOKENS = 256
+SETTINGS = {
+    "privacy": {"usageStatisticsEnabled": False},
+    "model": {"generationConfig": {"samplingParams": {"max_tokens": MAX_OUTPUT_TOKENS}}},
+}
+
+
+@dataclass(frozen=True)
+class QwenCode(HarnessSpec):
+    name = "qwen-code"
+    package = "@qwen-code/qwen-code"
+    version = "0.15.10"
+    installer = "npm"
+    executable = "qwen"
+    wire_format = "chat"
+    ca_vars = ("NODE_EXTRA_CA_CERTS",)
+    timeout_s = 240.0
+
+    def config_files(self, workdir: Path) -> Mapping[str, str]:
+        return {".qwen/settings.json": json.dumps(SETTINGS, indent=2)}
+
+    def env(self) -> Mapping[str, str]:
+        return {
+            "OPENAI_BASE_URL": "https://api.openai.com/v1",
+            "OPENAI_API_KEY": "sk-harnessrl-dummy",
+            "OPENAI_MODEL": "gpt-4o-mini",
+            "QWEN_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS),
+        }
+
+    def command(self, executable: Path, instruction: str) -> list[str]:
+        return [str(executable), "-p", instruction, "--yolo"]

@@ -1,0 +1,144 @@
+"""Run one harness on one instruction through the capture proxy.
+
+Contract
+--------
+:func:`run_harness` installs the harness if needed (cached), then runs one instruction in ``workdir`` with a private
+``HOME`` and ``TMPDIR`` (a scratch folder, removed afterwards unless the caller passes ``scratch``), a clean
+environment (only ``PATH``/``LANG``/``TERM`` inherited, so no stray keys or proxies leak in), ``HTTPS_PROXY`` set
+to ``proxy_url`` (which carries the session id as the proxy user) and every CA variable the harness honours
+pointing at a bundle of the system roots plus the mitmproxy CA (Python's ``SSL_CERT_FILE`` *replaces* the trust
+store, so the bare mitmproxy CA would not do). The harness runs in its own process group; the whole group is
+killed on timeout and after it exits, so nothing it started outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tasks.harnesses.base import HarnessRun, HarnessSpec, write_ca_bundle
+from tasks.harnesses.install import DEFAULT_TOOLS_DIR, install
+
+TAIL_CHARS = 4000
+# Passed through from the caller's environment; everything else a harness sees is set here.
+_INHERITED = ("PATH", "LANG", "TERM")
+_KILL_GRACE_S = 5.0
+
+
+def harness_env(spec: HarnessSpec, home: Path, proxy_url: str, bundle: Path, path_dirs: list[Path]) -> dict[str, str]:
+    """The whole environment of a run (see the module docstring)."""
+    env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+    env["PATH"] = os.pathsep.join([*(str(d) for d in path_dirs), env.get("PATH", "/usr/bin:/bin")])
+    tmp = home.parent / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env |= {"HOME": str(home), "TMPDIR": str(tmp), "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url}
+    env |= {"NO_PROXY": "", "no_proxy": ""}
+    env |= {var: str(bundle) for var in spec.ca_vars}
+    env |= dict(spec.env())
+    return env
+
+
+def run_harness(
+    spec: HarnessSpec,
+    instruction: str,
+    workdir: Path,
+    proxy_url: str,
+    ca_path: Path,
+    timeout: float | None = None,
+    *,
+    scratch: Path | None = None,
+    tools_dir: Path = DEFAULT_TOOLS_DIR,
+) -> HarnessRun:
+    """Install ``spec`` if needed (cached), then run it once on ``instruction`` through the proxy."""
+    executable = install(spec, tools_dir).executable
+    return run_executable(spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=scratch)
+
+
+def run_executable(
+    spec: HarnessSpec,
+    executable: Path,
+    instruction: str,
+    workdir: Path,
+    proxy_url: str,
+    ca_path: Path,
+    timeout: float | None = None,
+    *,
+    scratch: Path | None = None,
+) -> HarnessRun:
+    """Run ``spec``'s command with ``executable`` (already installed); ``scratch`` holds HOME, TMPDIR and logs."""
+    if scratch is None:
+        with tempfile.TemporaryDirectory(prefix=f"harnessrl-{spec.name}-", ignore_cleanup_errors=True) as tmp:
+            return run_executable(
+                spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=Path(tmp)
+            )
+    home = scratch / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    for rel, content in spec.config_files(workdir).items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(content)
+    bundle = write_ca_bundle(ca_path, scratch / "ca-bundle.pem")
+    # node for npm harnesses' shebangs; the venv's bin for Python ones
+    path_dirs = [executable.parent, *_node_dir()]
+    env = harness_env(spec, home, proxy_url, bundle, path_dirs)
+    out, err = scratch / "stdout.log", scratch / "stderr.log"
+    limit = timeout if timeout is not None else spec.timeout_s
+    t0 = time.monotonic()
+    with out.open("wb") as fo, err.open("wb") as fe:
+        proc = subprocess.Popen(
+            spec.command(executable, instruction),
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fo,
+            stderr=fe,
+            start_new_session=True,
+        )
+        timed_out = _wait(proc, limit)
+    duration = time.monotonic() - t0
+    return HarnessRun(
+        harness=spec.name,
+        version=spec.version,
+        exit_code=None if timed_out else proc.returncode,
+        stdout_tail=_tail(out),
+        stderr_tail=_tail(err),
+        duration=duration,
+        timed_out=timed_out,
+    )
+
+
+def _wait(proc: subprocess.Popen[bytes], limit: float) -> bool:
+    """Wait up to ``limit`` seconds; kill the process group either way. True when the limit was hit."""
+    try:
+        proc.wait(timeout=limit)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)  # stray children (MCP servers, shells) die with the run
+    proc.wait()
+    return timed_out
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _node_dir() -> list[Path]:
+    node = shutil.which("node")
+    return [Path(os.path.realpath(node)).parent] if node else []
+
+
+def _tail(path: Path) -> str:
+    return path.read_bytes()[-TAIL_CHARS:].decode("utf-8", errors="replace")
