@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import statistics
 import sys
@@ -115,7 +116,7 @@ def main() -> int:
         finally:
             handle.stop()
     print(
-        f"# proxy overhead ({platform.node()}, {platform.processor() or platform.machine()}, {args.tokens} tokens/call)\n"
+        f"# proxy overhead ({platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs, {args.tokens} tok/call)\n"
     )
     print("| sessions | calls | direct p50 ms | proxied p50 ms | added p50 ms | added p99 ms | proxied/direct p50 |")
     print("|---|---|---|---|---|---|---|")
