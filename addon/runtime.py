@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mitmproxy import http
 
@@ -167,6 +168,8 @@ class Runtime:
     def model_list(self, decision: ModelList) -> http.Response:
         name = decision.model_id or self.served_model or "harnessrl"
         created = int(time.time())
+        card: dict[str, Any]
+        body: dict[str, Any]
         if decision.format == "anthropic":
             card = {"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"}
             body = card if decision.model_id else {"data": [card], "has_more": False, "first_id": name, "last_id": name}

@@ -25,11 +25,12 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
+from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
-from addon.generate import CallInfo, Generator
+from addon.generate import CallInfo, ResponseSink
 from addon.routes import ModelCall, classify
 from addon.sessions import SessionRegistry
 from addon.stats import Stats
@@ -64,10 +65,16 @@ class _Sink:
         await self.response.write_eof()
 
 
+class CallHandler(Protocol):
+    """What answers a call: the Generator, or the runtime's wrapper that binds to the engine first."""
+
+    async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None: ...
+
+
 class InternalServer:
     def __init__(
         self,
-        generator: Generator,
+        generator: CallHandler,
         sessions: SessionRegistry,
         stats: Stats,
         run_id: str,
@@ -95,9 +102,7 @@ class InternalServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        server = site._server  # aiohttp exposes no public accessor for the bound port of an ephemeral site
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = int(self._runner.addresses[0][1])  # the bound port, also when 0 asked for any
         return self.port
 
     async def stop(self) -> None:

@@ -50,7 +50,6 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # once and passes ENGINE_URL; run alone, the fixture starts (and stops) its own through the engine env's CLI.
 
 
-
 free_port = launch.free_port
 
 

@@ -319,11 +319,7 @@ def test_images_and_missing_ids() -> None:
     assert req.messages[1].parts == (ToolCallPart("", "shot", "{}"),)
     assert req.messages[2] == Message(
         "tool",
-        (
-            ToolResultPart(
-                "", (TextPart("ok"), ImagePart("base64", "UklGRg==", "image/webp")), name="shot"
-            ),
-        ),
+        (ToolResultPart("", (TextPart("ok"), ImagePart("base64", "UklGRg==", "image/webp")), name="shot"),),
     )
 
 
