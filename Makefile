@@ -1,5 +1,6 @@
 # harnessrl — every target sets up what it needs (idempotent: stamp files; a re-run does nothing when up to date).
 #
+#   make collect   the main job: run harnesses on tasks through the proxy, score, write episodes + summary
 #   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
 #   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
@@ -10,7 +11,8 @@
 #   make lint      ruff + mypy
 #
 # Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, CACHE_DIR, RUN_DIR,
-# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset).
+# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset), TASKS, HARNESSES,
+# GROUP_SIZE (make collect).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -23,6 +25,9 @@ MODEL       ?= default
 ENGINE_PORT ?= 8000
 PROXY_PORT  ?= 8080
 ENGINE_URL  ?=
+TASKS       ?= smoke
+HARNESSES   ?= pi,mini-swe-agent
+GROUP_SIZE  ?= 2
 DEVICE      ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
 PROXY_VENV  := $(VENV_DIR)/proxy
@@ -40,10 +45,10 @@ PYTEST_TIER = rc=0; "$$@" || rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help envs proxy-env engine-env model serve proxy stop status test test-fast test-integration bench check-tasks lint clean-envs
+.PHONY: help collect envs proxy-env engine-env model serve proxy stop status test test-fast test-integration bench check-tasks lint clean-envs
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,16p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -100,6 +105,13 @@ proxy: proxy-env
 
 status:
 	@$(ENGINE_PY) -m trainer.engine status --run-dir '$(RUN_DIR)/engine'
+
+# ------------------------------------------------------------------------------------------------ collection
+
+# Starts (or reuses) the engine and the proxies it needs; installs the harnesses on first use.
+collect: proxy-env engine-env model
+	@$(PROXY_PY) -m tasks.collect --tasks '$(TASKS)' --harnesses '$(HARNESSES)' --group-size '$(GROUP_SIZE)' \
+	  --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' --engine-run-dir '$(RUN_DIR)/engine' --engine-url '$(ENGINE_URL)'
 
 # ------------------------------------------------------------------------------------------------ tests
 

