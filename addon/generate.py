@@ -80,7 +80,9 @@ class SamplingPolicy:
         applied: dict[str, Any] = {
             "temperature": 1.0 if temperature is None else temperature,
             "max_tokens": max(1, min(s.max_tokens or self.default_max_tokens, room)),
-            "stop": list(s.stop),
+            # Stop strings are not applied: vLLM would cut the text but not say which sampled ids made the match,
+            # and the record must hold exactly what was sampled. The requested ones stay in sampling_requested.
+            "stop": [],
             "seed": s.seed if s.seed is not None else self.seed,
         }
         if self.neutral:
