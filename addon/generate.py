@@ -168,7 +168,8 @@ class Generator:
         dialect = dialect_for(info.route.format)
         t0 = time.perf_counter()
         try:
-            request = dialect.parse_request(body, info.route, info.headers, self.fields)
+            # a harness body can be megabytes of JSON: parse it off the event loop
+            request = await asyncio.to_thread(dialect.parse_request, body, info.route, info.headers, self.fields)
         except ConversionError as err:
             self.stats.error("bad_request")
             await _send_error(sink, dialect, err)
@@ -309,9 +310,12 @@ class Generator:
         await sink.end()
 
     async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> None:
-        record = build_record(turn, completion, self.served_model, budget_stop)
-        await asyncio.to_thread(self.store.append, record)
+        # building the row (canonical request JSON + zstd) and the fsync'd append both run off the event loop
+        await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
         turn.recorded = True
+
+    def _build_and_append(self, turn: _Turn, completion: Completion | None, budget_stop: str | None) -> None:
+        self.store.append(build_record(turn, completion, self.served_model, budget_stop))
 
 
 # --------------------------------------------------------------------------------------------------- helpers
