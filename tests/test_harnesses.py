@@ -97,11 +97,16 @@ def test_harness_runs_through_the_proxy_into_its_own_session(
 
 
 def check_row(row: Mapping) -> None:
-    """A recorded call is sampled (ids and logprobs aligned), refused for length (prompt kept) or a budget stop."""
+    """A recorded call is sampled (ids and logprobs aligned), cut short because the harness hung up mid-stream (a
+    side call still streaming when the CLI exits: what was sampled is kept), refused for length (prompt kept) or a
+    budget stop."""
     if row["budget_stop"] is not None:
         assert row["budget_stop"] == f"max_calls={MAX_CALLS}" and row["call_index"] >= MAX_CALLS
     elif row["error"] is None:
         assert row["prompt_ids"] and row["completion_ids"]
+        assert len(row["completion_ids"]) == len(row["completion_logprobs"])
+    elif row["error"] == "client_disconnected":
+        assert row["incomplete"] and row["prompt_ids"]
         assert len(row["completion_ids"]) == len(row["completion_logprobs"])
     else:
         assert row["error"].startswith("context_length:"), row["error"]
