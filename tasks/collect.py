@@ -14,7 +14,9 @@ Contract
    ``<run>-<task>-<harness>-<g>``, a fresh copy of the task's workspace, and the harness run with that session in
    its proxy credentials (the harness runner gives it a private HOME/TMPDIR). Then the session is closed (its
    records flushed), the verifier runs, the session's call records give :class:`~tasks.episodes.CallStats`, and
-   the :class:`~tasks.rewards.Rewarder` gives the reward. Group id: ``<task>/<harness>``; task group: ``<task>``;
+   the :class:`~tasks.rewards.Rewarder` gives the reward. Group id: ``<task>/<harness>``; task group: ``<task>``.
+   Harness and verifier run in ``sandbox`` (:mod:`tasks.sandbox`; default namespaces: network only to the proxy,
+   workspace at ``/app``, memory and CPU limits); checked before anything starts;
 5. shows a progress line on stderr, rewrites ``episodes.parquet`` after each episode (tmp + rename), and at the
    end writes ``summary.csv``, ``summary.md``, ``pass_at_1.png``, ``tool_calls.png`` and prints the summary.
 
@@ -68,6 +70,7 @@ from tasks.episodes import (
 )
 from tasks.harnesses import HARNESSES, HarnessRun, HarnessSpec, install, run_harness
 from tasks.rewards import RewardConfig, RewardConfigError, Rewarder, StopReward
+from tasks.sandbox import SandboxConfig, SandboxError, check_available
 from tasks.taskset import Task, TaskFormatError, TaskSet, builtin_taskset, load_taskset
 from tasks.workspace import VerifierResult, prepare_workspace, run_verifier
 
@@ -118,6 +121,8 @@ class CollectConfig:
     seed: int | None = None
     """Shuffles the rollout order and seeds sampling of calls that give no seed (None: unseeded)."""
     keep_workspaces: bool = False
+    sandbox: SandboxConfig = SandboxConfig()
+    """Where harnesses and verifiers run; mode "none" opts out of the namespaces sandbox (limits still apply)."""
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -148,7 +153,9 @@ class CollectConfig:
             )
         try:
             self.rewarder()
-        except RewardConfigError as e:
+            if self.sandbox.mode == "namespaces":
+                check_available()
+        except (RewardConfigError, SandboxError) as e:
             raise CollectConfigError(str(e)) from e
         if self.run_dir is None:
             object.__setattr__(self, "run_dir", Path("runs/collect") / self.run_id)
@@ -281,10 +288,11 @@ def run_rollout(
     started, t0 = datetime.now(UTC), time.monotonic()
     timeout = config.timeout_s or min(r.spec.timeout_s, r.task.agent_timeout_s)
     workspace = prepare_workspace(r.task, scratch / "workspace").path
+    url, harness_scratch = proxy.url(r.session_id), scratch / "harness"
     run = run_harness(
-        r.spec, r.task.instruction, workspace, proxy.url(r.session_id), proxy.ca, timeout, scratch=scratch / "harness"
+        r.spec, r.task.instruction, workspace, url, proxy.ca, timeout, scratch=harness_scratch, sandbox=config.sandbox
     )
-    verdict = run_verifier(r.task, workspace)
+    verdict = run_verifier(r.task, workspace, sandbox=config.sandbox)
     try:
         stats = session_stats(proxy, r.session_id)
     except (httpx.HTTPError, OSError):  # keep the harness's outcome: the final join (rejoin) recounts its calls
@@ -446,6 +454,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--max-calls", type=int, default=int(env.get("MAX_CALLS") or 8), help="per episode ($MAX_CALLS)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep-workspaces", action="store_true", help="keep each workspace under the run dir")
+    ap.add_argument("--sandbox", choices=("namespaces", "none"), default=env.get("SANDBOX") or "namespaces",
+                    help="namespaces: network to the proxy only, workspace at /app; none: opt out")  # fmt: skip
+    ap.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb, help="per rollout (resident, summed)")
+    ap.add_argument("--cpu-seconds", type=float, default=None, help="per rollout (default: its time limit)")
     return ap
 
 
@@ -470,8 +482,16 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         max_calls=args.max_calls,
         seed=args.seed,
         keep_workspaces=args.keep_workspaces,
+        sandbox=_sandbox(args),
         **optional,
     )
+
+
+def _sandbox(args: argparse.Namespace) -> SandboxConfig:
+    try:
+        return SandboxConfig(mode=args.sandbox, memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds)
+    except ValueError as e:
+        raise CollectConfigError(str(e)) from e
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:

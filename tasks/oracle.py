@@ -11,8 +11,9 @@ For each task, :func:`check_task` prepares two fresh workspaces from the task's 
 
 :func:`check_taskset` runs the tasks in parallel threads (each task's scripts are subprocesses, so threads suffice)
 and reports each finished task to an optional callback. ``python -m tasks.oracle [--tasks DIR] [--subset NAME]
-[--jobs N]`` prints a progress line, a summary table and the counts per difficulty, and exits 1 naming every
-failing task with its problems.
+[--jobs N] [--sandbox none|namespaces]`` prints a progress line, a summary table and the counts per difficulty, and
+exits 1 naming every failing task with its problems. With ``--sandbox namespaces`` the scripts run as ``make
+collect`` runs verifiers: in the sandbox, with the Harbor paths (``/app``, ``/tests``, ``/logs``) mapped.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from tasks.sandbox import SandboxConfig, SandboxError, check_available
 from tasks.taskset import BUILTIN_DIR, Task, TaskFormatError, TaskSet, load_taskset
 from tasks.workspace import VerifierResult, prepare_workspace, run_solution, run_verifier
 
@@ -48,7 +50,7 @@ class OracleOutcome:
         return not self.problems
 
 
-def check_task(task: Task) -> OracleOutcome:
+def check_task(task: Task, sandbox: SandboxConfig | None = None) -> OracleOutcome:
     """Run the untouched and the solved check for one task (see the module docstring)."""
     start = time.monotonic()
     problems: list[str] = []
@@ -56,7 +58,7 @@ def check_task(task: Task) -> OracleOutcome:
     with tempfile.TemporaryDirectory(prefix=f"harnessrl-oracle-{task.id}-", ignore_cleanup_errors=True) as root:
         try:
             prepare_workspace(task, Path(root) / "untouched")
-            untouched = run_verifier(task, Path(root) / "untouched")
+            untouched = run_verifier(task, Path(root) / "untouched", sandbox=sandbox)
             if untouched.status != "ok" or untouched.reward != 0:
                 problems.append(f"untouched workspace: reward {untouched.reward:g} ({untouched.status}), must be 0\n"
                                 f"{_indent(untouched.output_tail)}")  # fmt: skip
@@ -64,11 +66,11 @@ def check_task(task: Task) -> OracleOutcome:
                 problems.append("no solution/solve.sh to check against")
             else:
                 prepare_workspace(task, Path(root) / "solved")
-                run = run_solution(task, Path(root) / "solved")
+                run = run_solution(task, Path(root) / "solved", sandbox=sandbox)
                 if run.exit_status != 0:
                     why = "timed out" if run.timed_out else f"exited {run.exit_status}"
                     problems.append(f"solution/solve.sh {why}\n{_indent(run.output_tail)}")
-                solved = run_verifier(task, Path(root) / "solved")
+                solved = run_verifier(task, Path(root) / "solved", sandbox=sandbox)
                 if not solved.passed:
                     problems.append(f"solved workspace: reward {solved.reward:g} ({solved.status}), "
                                     f"needs {task.max_reward:g}\n{_indent(solved.output_tail)}")  # fmt: skip
@@ -78,13 +80,16 @@ def check_task(task: Task) -> OracleOutcome:
 
 
 def check_taskset(
-    taskset: TaskSet, jobs: int | None = None, progress: Callable[[int, int, OracleOutcome], None] | None = None
+    taskset: TaskSet,
+    jobs: int | None = None,
+    progress: Callable[[int, int, OracleOutcome], None] | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> list[OracleOutcome]:
     """Check every task with ``jobs`` threads (default: CPU count); results come back in task-set order."""
     workers = max(1, jobs or os.cpu_count() or 1)
     outcomes: dict[str, OracleOutcome] = {}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="oracle") as pool:
-        futures = [pool.submit(check_task, task) for task in taskset]
+        futures = [pool.submit(check_task, task, sandbox) for task in taskset]
         for done, future in enumerate(as_completed(futures), 1):
             outcome = future.result()
             outcomes[outcome.task.id] = outcome
@@ -128,16 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=Path, default=BUILTIN_DIR, help="a task directory or a directory of tasks")
     parser.add_argument("--subset", default="all", help="all, easy, medium, hard, or a tag (e.g. smoke)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="tasks checked in parallel")
+    parser.add_argument("--sandbox", choices=("none", "namespaces"), default="none", help="run scripts sandboxed")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    sandbox = SandboxConfig() if args.sandbox == "namespaces" else None
     try:
         taskset = load_taskset(args.tasks).subset(args.subset)
-    except (TaskFormatError, KeyError) as e:
+        if sandbox is not None:
+            check_available()
+    except (TaskFormatError, KeyError, SandboxError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     start = time.monotonic()
-    outcomes = check_taskset(taskset, args.jobs, _progress_printer(sys.stderr))
+    outcomes = check_taskset(taskset, args.jobs, _progress_printer(sys.stderr), sandbox)
     wall = time.monotonic() - start
     print(summary_table(outcomes))
     per = Counter(o.task.difficulty for o in outcomes)

@@ -12,12 +12,16 @@ scratch directory of their own, which gives the script its own ``HOME`` and ``TM
 ``tests/`` (or ``solution/``) outside the workspace. The script runs in its own process group; the whole group is
 killed when the timeout passes and when the script exits (so stray background processes die with it).
 
-Harbor tasks assume fixed paths (``/app``, ``/tests``, ``/logs/verifier/reward.txt``). Bubblewrap is not installed
-on our machines, so nothing is bind-mounted: the scripts get the real paths through environment variables and use
-them with the Harbor path as fallback, e.g. ``${TASK_WORKDIR:-/app}``:
+Harbor tasks assume fixed paths (``/app``, ``/tests``, ``/logs/verifier/reward.txt``). The scripts get the paths
+through environment variables and use them with the Harbor path as fallback, e.g. ``${TASK_WORKDIR:-/app}``:
 
     TASK_WORKDIR   the workspace          TESTS_DIR      copy of tests/       SOLUTION_DIR   copy of solution/
     LOGS_DIR       Harbor's /logs         REWARD_FILE    $LOGS_DIR/verifier/reward.txt
+
+By default (``sandbox=None``) these are the real paths in the scratch folder. With a namespaces
+:class:`~tasks.sandbox.SandboxConfig` (what ``make collect`` uses) the script runs in the sandbox without network,
+the workspace, tests/solution copy and logs are bind-mounted at the Harbor paths (``/app``, ``/tests``,
+``/solution``, ``/logs``) and the variables hold those paths; nothing is written to the host's ``/app``.
 
 The reward is the number in ``reward.txt``, or else ``reward.json``'s ``"reward"`` key (or its only metric), in the
 directory of ``REWARD_FILE`` (Harbor's order). A missing or malformed reward, or a timeout, gives reward 0 with a
@@ -34,11 +38,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tasks.sandbox import Mount, SandboxConfig, sandboxed
 from tasks.taskset import Task
 
 CONTAINER_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"})
@@ -99,31 +104,36 @@ def prepare_workspace(task: Task, dest: str | Path) -> Workspace:
     return Workspace(path, tuple(not_applied))
 
 
-def run_solution(task: Task, workspace: str | Path, timeout_s: float | None = None) -> ScriptResult:
+def run_solution(
+    task: Task, workspace: str | Path, timeout_s: float | None = None, sandbox: SandboxConfig | None = None
+) -> ScriptResult:
     """Run ``solution/solve.sh`` in the workspace (timeout: the task's agent timeout)."""
     script = task.solution_script
     if script is None:
         raise FileNotFoundError(f"{task.path / 'solution' / 'solve.sh'}: task {task.id} has no oracle solution")
     with tempfile.TemporaryDirectory(prefix=f"harnessrl-solve-{task.id}-", ignore_cleanup_errors=True) as scratch:
         paths = _scratch_layout(Path(scratch), task.path / "solution", "solution")
-        env = _script_env(Path(workspace), paths, task.solution_env)
         timeout = timeout_s or task.agent_timeout_s
-        return run_script(paths["solution"] / "solve.sh", Path(workspace), env, timeout, Path(scratch) / "output.log")
+        return _run_task_script(Path(workspace), paths, "solution", task.solution_env, timeout, sandbox)
 
 
 def run_verifier(
-    task: Task, workspace: str | Path, timeout_s: float | None = None, extra_env: Mapping[str, str] | None = None
+    task: Task,
+    workspace: str | Path,
+    timeout_s: float | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> VerifierResult:
     """Run ``tests/test.sh`` against the workspace and read the reward (timeout: the task's verifier timeout)."""
     with tempfile.TemporaryDirectory(prefix=f"harnessrl-verify-{task.id}-", ignore_cleanup_errors=True) as scratch:
         paths = _scratch_layout(Path(scratch), task.tests_dir, "tests")
-        env = _script_env(Path(workspace), paths, {**task.verifier_env, **(extra_env or {})})
+        task_env = {**task.verifier_env, **(extra_env or {})}
         timeout = timeout_s or task.verifier_timeout_s
-        run = run_script(paths["tests"] / "test.sh", Path(workspace), env, timeout, Path(scratch) / "output.log")
+        run = _run_task_script(Path(workspace), paths, "tests", task_env, timeout, sandbox)
         verdict: tuple[float, VerifierStatus, str] = (
             (0.0, "timeout", f"verifier timed out after {run.duration_s:.1f}s")
             if run.timed_out
-            else read_reward(Path(env["REWARD_FILE"]))
+            else read_reward(paths["logs"] / "verifier" / "reward.txt")
         )
     reward, status, why = verdict
     tail = run.output_tail if not why else f"{run.output_tail}\n[harnessrl] {why}"[-OUTPUT_TAIL_CHARS:]
@@ -163,12 +173,49 @@ def read_reward(reward_txt: Path) -> tuple[float, VerifierStatus, str]:
     return float(value), "ok", ""
 
 
-def run_script(script: Path, cwd: Path, env: Mapping[str, str], timeout_s: float, log_path: Path) -> ScriptResult:
-    """``bash script`` in its own process group, output to ``log_path``; the group is killed at timeout and at exit."""
+# Harbor's paths for the folders of _scratch_layout, used inside a sandbox.
+_HARBOR = {"tests": "/tests", "solution": "/solution", "logs": "/logs"}
+
+
+def _run_task_script(
+    workspace: Path,
+    paths: Mapping[str, Path],
+    kind: str,
+    task_env: Mapping[str, str],
+    timeout: float,
+    sandbox: SandboxConfig | None,
+) -> ScriptResult:
+    """``tests/test.sh`` or ``solution/solve.sh`` (``kind``), sandboxed with the Harbor paths when asked."""
+    script = "test.sh" if kind == "tests" else "solve.sh"
+    log = paths["home"].parent / "output.log"
+    if sandbox is None or sandbox.mode == "none":
+        env = _script_env(workspace, paths, task_env)
+        return run_script(paths[kind] / script, workspace, env, timeout, log)
+    inside = {**paths, kind: Path(_HARBOR[kind]), "logs": Path(_HARBOR["logs"])}
+    env = _script_env(Path(sandbox.workdir), inside, task_env)
+    mounts = [Mount(_HARBOR[kind], paths[kind]), Mount(_HARBOR["logs"], paths["logs"])]
+    argv = ["bash", str(inside[kind] / script)]
+    with sandboxed(sandbox, argv, workspace, paths["home"].parent / "sandbox", mounts=mounts) as prepared:
+        prefix = prepared.argv[: -len(argv)]  # run_script adds `bash script` itself
+        return run_script(inside[kind] / script, prepared.cwd, env, timeout, log, prefix=prefix)
+
+
+def run_script(
+    script: Path,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    log_path: Path,
+    *,
+    prefix: Sequence[str] = (),
+) -> ScriptResult:
+    """``bash script`` in its own process group, output to ``log_path``; the group is killed at timeout and at exit.
+
+    ``prefix`` (e.g. a sandbox's command) goes before ``bash script``."""
     start = time.monotonic()
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            ["bash", str(script)],
+            [*prefix, "bash", str(script)],
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,

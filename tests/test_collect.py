@@ -17,6 +17,7 @@ import pytest
 
 from addon.launch import free_port
 from addon.records import read_records
+from tasks import sandbox
 from tasks.collect import (
     DEFAULT_HARNESSES,
     CollectConfig,
@@ -33,6 +34,7 @@ from tasks.collect import (
 )
 from tasks.episodes import CallStats, read_episodes
 from tasks.harnesses import HARNESSES, HarnessRun
+from tasks.sandbox import SandboxConfig
 from tasks.workspace import VerifierResult
 
 ENGINE = "http://127.0.0.1:1"  # never contacted by the unit tests
@@ -194,6 +196,19 @@ def test_cli_reports_a_bad_setting_and_exits_2(capsys: pytest.CaptureFixture[str
     assert main(["--harnesses", "nope", "--engine-url", ENGINE], env={}) == 2
     assert "unknown harness(es) nope" in capsys.readouterr().err
     assert main(["--tasks", "nonesuch", "--engine-url", ENGINE], env={}) == 2
+
+
+def test_sandbox_flags_and_an_unavailable_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--sandbox", "none", "--memory-mb", "512", "--cpu-seconds", "30", "--engine-url", ENGINE]
+    c = config_from_args(build_parser({}).parse_args(args))
+    assert c.sandbox == SandboxConfig(mode="none", memory_mb=512, cpu_seconds=30.0)
+    assert config_from_args(build_parser({}).parse_args(["--engine-url", ENGINE])).sandbox.mode == "namespaces"
+    with pytest.raises(CollectConfigError, match="memory_mb"):
+        config_from_args(build_parser({}).parse_args(["--memory-mb", "0", "--engine-url", ENGINE]))
+    monkeypatch.setattr(sandbox, "UNSHARE", ("unshare", "--no-such-namespace-flag"))
+    with pytest.raises(CollectConfigError, match="pass --sandbox none"):
+        config()  # no silent fallback to running unsandboxed
+    assert config(sandbox=SandboxConfig(mode="none")).sandbox.mode == "none"
 
 
 # ------------------------------------------------------------------------------------------------ integration

@@ -8,8 +8,10 @@ still recorded (error ``context_length``, prompt ids kept). Harnesses whose prom
 sampled answer recorded. Install and run times, exit codes and call counts are printed (``-s``) and kept as the
 test's user properties.
 
-The runner itself (clean environment, private HOME/TMPDIR, CA bundle, process-group kill on timeout) is checked
-with ``bash`` standing in for the executable, so those checks need no harness install.
+Every harness runs in the default namespaces sandbox (network: only the proxy; workspace at /app). The runner
+itself (clean environment, private HOME/TMPDIR, CA bundle, process-group kill on timeout) is checked with ``bash``
+standing in for the executable and no sandbox, so those checks need no harness install; tests/test_sandbox.py
+checks the sandbox.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pytest
 
 from addon.records import read_records
 from tasks.harnesses import HARNESSES, HarnessSpec, install, run_executable, run_harness
+from tasks.harnesses.aider import Aider
 from tasks.harnesses.base import SYSTEM_CA_BUNDLE
+from tasks.sandbox import SandboxConfig
 from tests.conftest import Proxy, start_proxy, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,7 +37,7 @@ pytestmark = pytest.mark.integration
 INSTRUCTION = "Create a file hello.txt containing hello"
 MAX_CALLS = 3
 # Harnesses whose first prompt fits the default model's context, so at least one call is sampled.
-FITS_CONTEXT = frozenset({"pi", "mini-swe-agent", "opencode"})
+FITS_CONTEXT = frozenset({"pi", "mini-swe-agent", "opencode", "aider"})
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +95,9 @@ def test_harness_runs_through_the_proxy_into_its_own_session(
     sampled = [r for r in rows if r["error"] is None and r["budget_stop"] is None]
     if name in FITS_CONTEXT:
         assert sampled, f"{name}'s prompt fits the context but no call was sampled\n{output}"
+    if name == "aider":  # its model settings file took effect: answers capped, sampled rather than greedy
+        requested = json.loads(rows[0]["sampling_requested"])
+        assert (requested["max_tokens"], requested["temperature"]) == (Aider.max_tokens, None)
     else:
         refused = [r for r in rows if (r["error"] or "").startswith("context_length")]
         assert sampled or refused, f"{name}: neither a sampled nor a context-length call recorded\n{output}"
@@ -149,6 +156,9 @@ class BashProbe(HarnessSpec):
         return [str(executable), "-c", instruction]
 
 
+NONE = SandboxConfig(mode="none")
+
+
 @pytest.fixture
 def fake_ca(tmp_path: Path) -> Path:
     ca = tmp_path / "mitmproxy-ca-cert.pem"
@@ -166,7 +176,7 @@ def test_runner_gives_a_private_home_clean_env_and_a_full_ca_bundle(
     workdir, scratch = tmp_path / "work", tmp_path / "scratch"
     workdir.mkdir()
     url = "http://sess-1:token@127.0.0.1:1"
-    run = run_executable(BashProbe(), Path("/bin/bash"), script, workdir, url, fake_ca, scratch=scratch)
+    run = run_executable(BashProbe(), Path("/bin/bash"), script, workdir, url, fake_ca, scratch=scratch, sandbox=NONE)
     assert (run.exit_code, run.timed_out, run.harness) == (0, False, "bash-probe")
     cwd, env, certs, last, config = run.stdout_tail.splitlines()
     assert cwd == str(workdir)
@@ -179,8 +189,9 @@ def test_runner_gives_a_private_home_clean_env_and_a_full_ca_bundle(
 def test_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path, fake_ca: Path) -> None:
     pidfile = tmp_path / "child.pid"
     script = f"sleep 300 & echo $! > {pidfile}; wait"
-    run = run_executable(BashProbe(), Path("/bin/bash"), script, tmp_path, "http://s:t@127.0.0.1:1", fake_ca, 1.0)
-    assert run.timed_out and run.exit_code is None and run.duration < 15
+    url = "http://s:t@127.0.0.1:1"
+    run = run_executable(BashProbe(), Path("/bin/bash"), script, tmp_path, url, fake_ca, 1.0, sandbox=NONE)
+    assert run.timed_out and run.exit_code is None and run.duration < 15 and run.limit == "time"
     child = int(pidfile.read_text())
     wait_until(lambda: not alive(child), 10, "the harness's child to die with its process group")
 

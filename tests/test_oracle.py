@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tasks.oracle import check_task, check_taskset, main, summary_table
-from tasks.taskset import builtin_taskset, load_task, load_taskset
+from tasks.sandbox import SandboxConfig
+from tasks.taskset import TaskSet, builtin_taskset, load_task, load_taskset
+from tasks.workspace import prepare_workspace, run_verifier
 from tests.task_factory import make_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +105,38 @@ def test_cli_as_module_on_the_smoke_subset() -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "oracle check passed" in run.stdout and "hello-file" in run.stdout
+
+
+def test_the_warmup_and_smoke_subsets_pass_in_the_sandbox_with_the_harbor_paths() -> None:
+    tasks = TaskSet("sandboxed", builtin_taskset("warmup").tasks + builtin_taskset("smoke").tasks[:2])
+    outcomes = check_taskset(tasks, jobs=2, sandbox=SandboxConfig())
+    assert {o.task.id: o.problems for o in outcomes if not o.ok} == {}
+
+
+@pytest.mark.parametrize(
+    ("task_id", "attempt", "reward"),
+    [
+        ("warmup-echo-hello", {}, 0.0),
+        ("warmup-echo-hello", {".hidden-state": "x"}, 0.0),  # a harness's own files earn nothing
+        ("warmup-echo-hello", {"hello": "hello"}, 0.25),  # something was made, not the right file
+        ("warmup-echo-hello", {"hello.txt": "Hello, world"}, 0.5),  # the right file, wrong content
+        ("warmup-echo-hello", {"hello.txt": "hello\n"}, 1.0),
+        ("warmup-touch", {"done": ""}, 0.5),
+        ("warmup-copy", {"copy.txt": "morning"}, 0.5),
+        ("warmup-rename", {"final.txt": "version one\n"}, 0.5),  # copied, not moved: draft.txt is still there
+        ("warmup-rename", {"draft.txt": None}, 0.0),  # deleting alone earns nothing
+        ("warmup-copy", {"greeting.txt": "good night\n"}, 0.25),  # a given file's content changed
+    ],
+)
+def test_warmup_verifiers_climb_a_ladder(
+    tmp_path: Path, task_id: str, attempt: dict[str, str | None], reward: float
+) -> None:
+    task = builtin_taskset("warmup").get(task_id)
+    ws = prepare_workspace(task, tmp_path / "ws").path
+    for name, content in attempt.items():
+        if content is None:
+            (ws / name).unlink()
+        else:
+            (ws / name).write_text(content)
+    result = run_verifier(task, ws)
+    assert (result.status, result.reward) == ("ok", reward), result.output_tail

@@ -35,6 +35,14 @@ def test_smoke_subset_is_a_handful_of_trivial_tasks() -> None:
     assert smoke.name == "builtin:smoke"
 
 
+def test_warmup_subset_names_the_command_and_gives_partial_credit() -> None:
+    warmup = builtin_taskset("warmup")
+    assert len(warmup) >= 5
+    for task in warmup:
+        assert task.difficulty == "easy" and "partial-credit" in task.tags, task.id
+        assert "```" in task.instruction and "shell command" in task.instruction, task.id  # the one command to run
+
+
 def test_subset_names_and_unknown_subset() -> None:
     ts = builtin_taskset()
     names = ts.subset_names()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.sandbox import SandboxConfig
 from tasks.taskset import load_task
 from tasks.workspace import prepare_workspace, read_reward, run_solution, run_verifier
 from tests.task_factory import DEFAULT_TOML, make_task
@@ -155,3 +156,26 @@ def test_run_solution(tmp_path: Path) -> None:
     bare = load_task(make_task(tmp_path / "src", "bare", solve_sh=None))
     with pytest.raises(FileNotFoundError, match="no oracle solution"):
         run_solution(bare, ws)
+
+
+def test_sandboxed_scripts_see_the_harbor_paths_and_no_network(tmp_path: Path) -> None:
+    body = """\
+echo "pwd=$(pwd) work=$TASK_WORKDIR tests=$TESTS_DIR reward=$REWARD_FILE"
+cat /app/given.txt /tests/test.sh > /dev/null && echo seen
+python3 -c "import socket; socket.getaddrinfo('pypi.org', 443)" 2>/dev/null || echo offline
+echo 1 > /logs/verifier/reward.txt"""
+    task, ws = _verifier(tmp_path, body, files={"given.txt": "x\n"})
+    result = run_verifier(task, ws, sandbox=SandboxConfig())
+    assert (result.reward, result.status, result.passed) == (1.0, "ok", True), result.output_tail
+    first, seen, offline = result.output_tail.splitlines()[:3]
+    assert first == "pwd=/app work=/app tests=/tests reward=/logs/verifier/reward.txt"
+    assert (seen, offline) == ("seen", "offline")
+    assert not Path("/app/given.txt").exists()  # mapped, never written on the host
+
+
+def test_sandboxed_solution_writes_into_the_workspace(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "src", "t", solve_sh="#!/usr/bin/env bash\necho done > /app/out.txt\n"))
+    ws = prepare_workspace(task, tmp_path / "ws").path
+    run = run_solution(task, ws, sandbox=SandboxConfig())
+    assert run.exit_status == 0, run.output_tail
+    assert (ws / "out.txt").read_text() == "done\n"

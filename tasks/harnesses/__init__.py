@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from tasks.harnesses.aider import Aider
 from tasks.harnesses.base import HarnessRun, HarnessSpec, WireFormat
 from tasks.harnesses.claude_code import ClaudeCode
 from tasks.harnesses.codex import Codex
@@ -25,7 +26,18 @@ from tasks.harnesses.runner import run_executable, run_harness
 HARNESSES: Mapping[str, HarnessSpec] = MappingProxyType(
     {
         spec.name: spec
-        for spec in (ClaudeCode(), Codex(), GeminiCli(), Pi(), MiniSweAgent(), OpenCode(), QwenCode(), Hermes(), Kilo())
+        for spec in (
+            ClaudeCode(),
+            Codex(),
+            GeminiCli(),
+            Pi(),
+            MiniSweAgent(),
+            OpenCode(),
+            QwenCode(),
+            Hermes(),
+            Kilo(),
+            Aider(),
+        )
     }
 )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 WireFormat = Literal["anthropic", "responses", "chat", "gemini"]
+LimitKind = Literal["time", "memory", "cpu"]
 Installer = Literal["npm", "pip"]
 
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -58,7 +59,8 @@ class HarnessSpec:
 
 @dataclass(frozen=True)
 class HarnessRun:
-    """One run. ``exit_code`` is None when it was killed on timeout."""
+    """One run. ``exit_code`` is None when it was killed at a limit; ``timed_out`` is then true and ``limit`` says
+    which (time, memory or CPU), since each is a budget the harness ran out of."""
 
     harness: str
     version: str
@@ -67,6 +69,7 @@ class HarnessRun:
     stderr_tail: str
     duration: float
     timed_out: bool
+    limit: LimitKind | None = None
 
 
 def write_ca_bundle(mitm_ca: Path, dest: Path) -> Path:

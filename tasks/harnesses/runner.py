@@ -9,6 +9,12 @@ to ``proxy_url`` (which carries the session id as the proxy user) and every CA v
 pointing at a bundle of the system roots plus the mitmproxy CA (Python's ``SSL_CERT_FILE`` *replaces* the trust
 store, so the bare mitmproxy CA would not do). The harness runs in its own process group; the whole group is
 killed on timeout and after it exits, so nothing it started outlives the run.
+
+By default it runs in the namespaces sandbox (``tasks.sandbox``): its network reaches only the proxy (through a
+relay on the proxy's port number inside, so ``HTTPS_PROXY`` is unchanged), the workspace is mounted at ``/app``
+and the harness starts there, and a :class:`~tasks.sandbox.Watchdog` kills the run when its process tree passes
+the memory or CPU limit. ``HarnessRun.limit`` then says which limit (``time``, ``memory`` or ``cpu``) ended it,
+``timed_out`` is true (a limit is a budget stop) and the reason is appended to the stderr tail.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.harnesses.base import HarnessRun, HarnessSpec, write_ca_bundle
+from tasks.harnesses.base import HarnessRun, HarnessSpec, LimitKind, write_ca_bundle
 from tasks.harnesses.install import DEFAULT_TOOLS_DIR, install
+from tasks.sandbox import POLL_S, SandboxConfig, Watchdog, sandboxed
 
 TAIL_CHARS = 4000
 # Passed through from the caller's environment; everything else a harness sees is set here.
@@ -53,10 +60,13 @@ def run_harness(
     *,
     scratch: Path | None = None,
     tools_dir: Path = DEFAULT_TOOLS_DIR,
+    sandbox: SandboxConfig = SandboxConfig(),
 ) -> HarnessRun:
     """Install ``spec`` if needed (cached), then run it once on ``instruction`` through the proxy."""
     executable = install(spec, tools_dir).executable
-    return run_executable(spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=scratch)
+    return run_executable(
+        spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=scratch, sandbox=sandbox
+    )
 
 
 def run_executable(
@@ -69,16 +79,18 @@ def run_executable(
     timeout: float | None = None,
     *,
     scratch: Path | None = None,
+    sandbox: SandboxConfig = SandboxConfig(),
 ) -> HarnessRun:
     """Run ``spec``'s command with ``executable`` (already installed); ``scratch`` holds HOME, TMPDIR and logs."""
     if scratch is None:
         with tempfile.TemporaryDirectory(prefix=f"harnessrl-{spec.name}-", ignore_cleanup_errors=True) as tmp:
             return run_executable(
-                spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=Path(tmp)
+                spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=Path(tmp), sandbox=sandbox
             )
     home = scratch / "home"
     home.mkdir(parents=True, exist_ok=True)
-    for rel, content in spec.config_files(workdir).items():
+    seen_workdir = workdir if sandbox.mode == "none" else Path(sandbox.workdir)
+    for rel, content in spec.config_files(seen_workdir).items():
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         (home / rel).write_text(content)
     bundle = write_ca_bundle(ca_path, scratch / "ca-bundle.pem")
@@ -87,45 +99,64 @@ def run_executable(
     env = harness_env(spec, home, proxy_url, bundle, path_dirs)
     out, err = scratch / "stdout.log", scratch / "stderr.log"
     limit = timeout if timeout is not None else spec.timeout_s
+    command = spec.command(executable, instruction)
     t0 = time.monotonic()
-    with out.open("wb") as fo, err.open("wb") as fe:
+    with (
+        out.open("wb") as fo,
+        err.open("wb") as fe,
+        sandboxed(sandbox, command, workdir, scratch / "sandbox", proxy_url=proxy_url) as prepared,
+    ):
         proc = subprocess.Popen(
-            spec.command(executable, instruction),
-            cwd=workdir,
+            prepared.argv,
+            cwd=prepared.cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=fo,
             stderr=fe,
             start_new_session=True,
         )
-        timed_out = _wait(proc, limit)
-    duration = time.monotonic() - t0
+        cpu = sandbox.cpu_seconds if sandbox.cpu_seconds is not None else limit
+        killed_by = _wait(proc, limit, Watchdog(proc.pid, sandbox.memory_mb, cpu))
+    if killed_by is not None:
+        with err.open("a") as fe_text:
+            fe_text.write(f"\n[harnessrl] killed at the {killed_by[0]} limit: {killed_by[1]}\n")
     return HarnessRun(
         harness=spec.name,
         version=spec.version,
-        exit_code=None if timed_out else proc.returncode,
+        exit_code=None if killed_by else proc.returncode,
         stdout_tail=_tail(out),
         stderr_tail=_tail(err),
-        duration=duration,
-        timed_out=timed_out,
+        duration=time.monotonic() - t0,
+        timed_out=killed_by is not None,
+        limit=killed_by[0] if killed_by else None,
     )
 
 
-def _wait(proc: subprocess.Popen[bytes], limit: float) -> bool:
-    """Wait up to ``limit`` seconds; kill the process group either way. True when the limit was hit."""
-    try:
-        proc.wait(timeout=limit)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _signal_group(proc.pid, signal.SIGTERM)
+def _wait(proc: subprocess.Popen[bytes], limit: float, watchdog: Watchdog) -> tuple[LimitKind, str] | None:
+    """Wait up to ``limit`` seconds while ``watchdog`` holds; kill the process group either way.
+
+    Returns the limit that stopped the run and why, None when it ended by itself.
+    """
+    deadline = time.monotonic() + limit
+    killed_by: tuple[LimitKind, str] | None = None
+    while proc.poll() is None:
+        if time.monotonic() >= deadline:
+            killed_by = ("time", f"ran past {limit:g} s")
+        else:
+            killed_by = watchdog.exceeded()
+        if killed_by is not None:
+            break
+        time.sleep(POLL_S)
+    if killed_by is not None:
+        # a memory hog gets no grace: it would go on growing while it shuts down
+        _signal_group(proc.pid, signal.SIGTERM if killed_by[0] == "time" else signal.SIGKILL)
         try:
             proc.wait(timeout=_KILL_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
     _signal_group(proc.pid, signal.SIGKILL)  # stray children (MCP servers, shells) die with the run
     proc.wait()
-    return timed_out
+    return killed_by
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

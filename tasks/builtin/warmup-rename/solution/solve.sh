@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Oracle solution for warmup-rename.
+set -euo pipefail
+cd "${TASK_WORKDIR:-/app}"
+mv draft.txt final.txt
