@@ -170,6 +170,12 @@ class ClientTimeouts:
     control: float = 300.0  # pause/reload/resume and the other control endpoints
 
 
+# Concurrent requests to the engine per client (one client per proxy process). httpx's default pool of 100 silently
+# queued every call past the 100th inside the proxy (found by benchmarks/side_by_side.py at 192+ sessions), while
+# vLLM batches hundreds; the engine, not this pool, is what should bound concurrency.
+MAX_ENGINE_CONNECTIONS = 4096
+
+
 # --- errors -------------------------------------------------------------------------------------------------
 
 
@@ -362,6 +368,7 @@ class EngineClient:
         *,
         timeouts: ClientTimeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = MAX_ENGINE_CONNECTIONS,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or ClientTimeouts()
@@ -369,6 +376,7 @@ class EngineClient:
             base_url=self.base_url,
             transport=transport,
             timeout=httpx.Timeout(self.timeouts.control, connect=self.timeouts.connect),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
     async def __aenter__(self) -> EngineClient:
@@ -437,7 +445,10 @@ class EngineClient:
                     for chunk in _stream_event_chunks(data):
                         yield chunk
         except httpx.TimeoutException as e:
-            raise EngineTimeout(f"stream: no chunk within {self.timeouts.generate} s") from e
+            # say which limit: under load a connect timeout (seconds) was reported as the 600 s chunk gap
+            what = "no connection" if isinstance(e, httpx.ConnectTimeout | httpx.PoolTimeout) else "no chunk"
+            limit = self.timeouts.connect if what == "no connection" else self.timeouts.generate
+            raise EngineTimeout(f"stream: {what} within {limit} s ({type(e).__name__})") from e
         except httpx.TransportError as e:
             raise EngineUnavailable(f"stream from {self.base_url}: {type(e).__name__}: {e}") from e
         raise MalformedResponse("the stream ended without [DONE]")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 
 from addon.engine_client import BadRequest, ContextTooLong, EngineClient, EngineError, GenerationRequest, Regex
 from addon.parser import OutputParser, ParserSpec
-from addon.record_store import RecordStore
+from addon.record_store import RecordStore, RecordStoreError
 from addon.records import CallRecord, TurnTokens, pack_json
 from addon.render import PromptRenderer
 from addon.sessions import SessionRegistry
@@ -56,6 +57,8 @@ from converters.canonical import (
 )
 
 BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends here."
+
+log = logging.getLogger("harnessrl.generate")
 
 
 class ResponseSink(Protocol):
@@ -263,7 +266,12 @@ class Generator:
         await asyncio.to_thread(
             _record_locked, state, turn, completion, final[0].reason if final else completion.finish_reason
         )
-        await self._record(turn, completion)
+        if not await self._record(turn, completion):
+            if encoder is not None and started:
+                await sink.write(encoder.error(_store_failed()))
+                await sink.end()
+                return
+            raise _store_failed()
         if encoder is None:
             body = dumps_body(dialect.render_completion(completion))
             await sink.start(200, {"content-type": "application/json"})
@@ -297,7 +305,8 @@ class Generator:
             finish_reason="stop",
             created=int(time.time()),
         )
-        await self._record(turn, completion, budget_stop=reason)
+        if not await self._record(turn, completion, budget_stop=reason):
+            raise _store_failed()
         self.stats.error("budget_stop")
         if not req.stream:
             await sink.start(200, {"content-type": "application/json"})
@@ -309,10 +318,19 @@ class Generator:
                 await sink.write(encoder.feed(event))
         await sink.end()
 
-    async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> None:
+    async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> bool:
+        """Build and durably append the call's row; False when the store refused it (the caller then answers an
+        error instead of the final event). Never raises a store error: a failing disk must not crash a call."""
         # building the row (canonical request JSON + zstd) and the fsync'd append both run off the event loop
-        await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
+        try:
+            await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
+        except RecordStoreError as e:
+            log.error("harnessrl: call %s of session %s not stored: %s", turn.info.call_id, turn.info.session_id, e)
+            self.stats.error("record_store")
+            turn.recorded = True  # nothing more can be stored for it; the error paths must not try again
+            return False
         turn.recorded = True
+        return True
 
     def _build_and_append(self, turn: _Turn, completion: Completion | None, budget_stop: str | None) -> None:
         self.store.append(build_record(turn, completion, self.served_model, budget_stop))
@@ -408,6 +426,12 @@ def forced_tool_call(request: ModelRequest) -> Regex | None:
 
 def _finish_reason(engine_reason: str) -> Any:
     return {"length": "length", "stop": "stop", "abort": "error"}.get(engine_reason, "stop")
+
+
+def _store_failed() -> ConversionError:
+    """Sent instead of a turn's final event when its record could not be made durable (disk full, I/O error): the
+    client must not see as complete a turn that is not stored; 529/503 with retry-after makes the harness retry."""
+    return ConversionError("overloaded", "the proxy could not store this call's record; retry shortly", retry_after=1.0)
 
 
 def _engine_error(err: EngineError) -> ConversionError:

@@ -42,8 +42,9 @@ reason never means "extends"; the first call has neither (``CallRecord`` allows 
 A retry (the same messages as an earlier call) is a sibling: that call's prompt ids, parent and reason again.
 
 Memory is linear in a session's length: a node's prompt ids are dropped once a call extends it (they are the head
-of the child's prompt). Correctness property (tested): with an append-only template and sampled ids equal to the
-tokenisation of the turn's text plus the end-of-turn id, the spliced ids equal a fresh render of the conversation.
+of the child's prompt), and its messages then point at the child's (one copy of the history per session).
+Correctness property (tested): with an append-only template and sampled ids equal to the tokenisation of the
+turn's text plus the end-of-turn id, the spliced ids equal a fresh render of the conversation.
 
 Organisation: reasons, config and plan; canonical keys and the shared context; nodes and session state; the
 template probe (:class:`SpliceRenderer`); :func:`plan` and :func:`record`.
@@ -292,9 +293,27 @@ class SessionState:
         self.nodes.append(node)
         self._ids[node.call_id] = prompt_ids
         parent = node.plan.parent_call_id
-        if node.plan.reason == "extends" and parent is not None and parent not in self._extended_by:
-            self._extended_by[parent] = node.call_id
-            self._ids.pop(parent, None)
+        if node.plan.reason == "extends" and parent is not None:
+            self._share_history(parent, node)
+            if parent not in self._extended_by:
+                self._extended_by[parent] = node.call_id
+                self._ids.pop(parent, None)
+
+    def _share_history(self, parent_id: str, child: CallNode) -> None:
+        """The child extends the parent, so :func:`plan` found the parent's messages equal (by :func:`message_key`,
+        all that matching reads) to the child's first ones: point the parent — and every node sharing its message
+        objects, its ancestors — at the child's objects. A session then holds one copy of its history, not one per
+        call (each request is parsed anew; found by benchmarks/soak.py, whose memory grew with the square of the
+        session length). Identity checks keep this O(nodes) per call; the records keep what each call was sent."""
+        parent = self.node(parent_id)
+        assert parent is not None
+        old, head = parent.messages, child.messages[: len(parent.messages)]
+        if len(head) != len(old):
+            return
+        for k, n in enumerate(self.nodes):
+            m = n.messages
+            if m and len(m) <= len(old) and m[-1] is old[len(m) - 1]:
+                self.nodes[k] = replace(n, messages=head[: len(m)])
 
     @property
     def tokens_held(self) -> int:

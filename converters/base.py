@@ -132,14 +132,28 @@ def load_json_object(body: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
     except UnicodeDecodeError as e:
         raise ConversionError("invalid_request", f"request body is not valid UTF-8: {e}") from e
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise ConversionError("invalid_request", f"request body is not valid JSON: {e}") from e
     except RecursionError as e:
         raise ConversionError("invalid_request", "request body is nested too deeply") from e
+    except ValueError as e:  # an integer past Python's digit limit, NaN/Infinity, a float that overflows
+        raise ConversionError("invalid_request", f"request body holds a number out of range: {e}") from e
     if not isinstance(obj, dict):
         raise ConversionError("invalid_request", f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _reject_constant(name: str) -> Any:
+    """``NaN``/``Infinity`` are not JSON (Python accepts them); a NaN temperature would reach the engine."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} overflows a float")
+    return value
 
 
 def dumps(obj: Any) -> str:

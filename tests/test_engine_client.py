@@ -248,3 +248,35 @@ async def test_failed_reload_leaves_the_engine_paused(fail_on: str) -> None:
         with pytest.raises(EngineError, match="failed|could not be reset"):
             await client.reload_weights("/ckpt/step-3", version="step-3")
     assert calls[-1] == fail_on and "/resume" not in calls
+
+
+async def test_hundreds_of_concurrent_streams_reach_the_engine_at_once(smollm2_tokenizer_dir) -> None:
+    """Regression (found under load by benchmarks/side_by_side.py): httpx's default pool let only 100 calls reach
+    the engine at once and queued the rest inside the proxy, halving throughput at 192+ sessions."""
+    import asyncio
+
+    from aiohttp.test_utils import TestServer
+
+    from benchmarks.fake_engine import FakeEngine
+
+    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=20, token_rate=20.0)  # each stream takes ~1 s
+    server = TestServer(engine.app())
+    await server.start_server()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+            requests = [GenerationRequest(prompt_ids=(1, 2), max_tokens=20) for _ in range(160)]
+            results = await asyncio.gather(*(client.stream_result(r) for r in requests))
+    finally:
+        await server.close()
+    assert all(len(r.completion_ids) == 20 for r in results)
+    assert engine.peak_active == 160
+
+
+async def test_a_connect_timeout_is_named_as_such() -> None:
+    """Regression (benchmarks/soak.py): a connect timeout under load read "no chunk within 600.0 s"."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    with pytest.raises(EngineTimeout, match=r"no connection within 5.0 s \(ConnectTimeout\)"):
+        await fake(refuse).stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))

@@ -185,3 +185,77 @@ def test_client_gone_mid_stream_still_records_what_was_sampled(faulty):
     rows = records_of(proxy, session)
     assert len(rows) == 1 and rows[0]["error"] == "client_disconnected" and rows[0]["incomplete"]
     assert 1 <= len(rows[0]["completion_ids"]) < 6
+
+
+# --------------------------------------------------------------------------------------------- the store refuses
+# Found by benchmarks/faults.py (disk_full): a record the store could not append escaped as an unexpected error, so
+# a streaming client saw its stream cut (no vendor error) and a non-streaming one a non-vendor 500.
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.ended = False
+
+    async def start(self, status: int, headers) -> None:
+        self.status, self.headers = status, dict(headers)
+
+    async def write(self, data: bytes) -> None:
+        self.body += data
+
+    async def end(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_final_event(
+    smollm2_tokenizer_dir, tmp_path, stream
+):
+    from datetime import UTC, datetime
+
+    from aiohttp.test_utils import TestServer
+
+    from addon.engine_client import EngineClient
+    from addon.generate import CallInfo, Generator
+    from addon.record_store import RecordStore
+    from addon.render import PromptRenderer
+    from addon.sessions import Budget, SessionRegistry
+    from addon.splice import SpliceRenderer
+    from addon.stats import Stats
+    from benchmarks import fake_engine
+    from converters.base import Route
+
+    engine = fake_engine.FakeEngine.build(smollm2_tokenizer_dir, tokens=20)
+    server = TestServer(engine.app())
+    await server.start_server()
+    store = RecordStore.open(tmp_path, "run-1")
+    store.close()  # every append now fails with RecordStoreError, as on a full disk
+    renderer = PromptRenderer.from_pretrained(smollm2_tokenizer_dir)
+    stats = Stats()
+    async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+        gen = Generator(
+            renderer=renderer,
+            splicer=SpliceRenderer(renderer),
+            engine=client,
+            store=store,
+            sessions=SessionRegistry(Budget()),
+            stats=stats,
+            max_model_len=8192,
+            served_model="fake",
+        )
+        route = Route("anthropic", "/v1/messages")
+        info = CallInfo("run-1", "s1", route, {}, datetime.now(UTC))
+        body = {"model": "m", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+        sink = _Sink()
+        await gen.handle(info, json.dumps(body).encode(), sink)
+    await server.close()
+    assert sink.ended and stats.errors["record_store"] == 1
+    text = sink.body.decode()
+    if stream:
+        assert sink.status == 200 and "event: error" in text and "overloaded" in text
+        assert "message_stop" not in text  # the client never sees the turn as complete
+    else:
+        assert sink.status == 529 and sink.headers.get("retry-after")
+        assert json.loads(text)["type"] == "error" and json.loads(text)["error"]["type"] == "overloaded_error"

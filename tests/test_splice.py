@@ -23,6 +23,7 @@ from addon.splice import (
     SplicePlan,
     SpliceRenderer,
     assistant_message,
+    message_key,
     plan,
     record,
 )
@@ -455,3 +456,16 @@ def test_assistant_message_orders_reasoning_text_and_calls() -> None:
     msg = assistant_message(comp)
     assert msg == Message("assistant", (ReasoningPart("why"), TextPart("t"), ToolCallPart("c1", "run", '{"a": 1}')))
     assert assistant_message(Completion("r", "m")) == Message("assistant", ())
+
+
+def test_a_session_holds_one_copy_of_its_history(splicer: SpliceRenderer) -> None:
+    """Regression (the soak's memory grew with the square of session length): each request is parsed anew, so each
+    node held its own copy of the whole history; an extended node now shares its child's message objects."""
+    state, plans, reqs, _ = tool_loop("anthropic", splicer, turns=5)
+    assert [p.reason for p in plans] == ["first_call"] + ["extends"] * 4
+    newest = state.nodes[-1].messages
+    for node, req in zip(state.nodes, reqs, strict=True):
+        assert [message_key(m) for m in node.messages] == [message_key(m) for m in req.messages]  # same content
+        assert all(m is newest[i] for i, m in enumerate(node.messages))  # one object per message, shared
+    again = plan(state, reqs[2], splicer)  # matching still finds the same parent
+    assert (again.reason, again.parent_call_id) == ("extends", "c1")

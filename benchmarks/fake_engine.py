@@ -1,0 +1,410 @@
+"""A FAKE engine for benchmarks and fault tests: answers vLLM's completions API (token ids in, token ids + logprobs
+out, streamed) at a configurable token rate, so the proxy's own cost can be isolated. It samples nothing.
+
+Contract
+--------
+* ``POST /v1/completions`` (``prompt`` = token ids, ``stream`` true or false, ``return_token_ids``, ``logprobs: 0``):
+  one of a few canned answers, chosen by the prompt length (deterministic), each ``tokens`` ids long, made of the
+  real tokenizer's ids so the proxy's parser sees real text: prose, then a ``<tool_call>`` to ``read_file`` or
+  ``bash`` (tools every :mod:`benchmarks.sessions` session offers), then the end-of-turn id. Chunks are one token
+  each, paced at ``token_rate`` tokens/s (0: no pacing), in vLLM's exact chunk shape (``token_ids``,
+  ``logprobs.token_logprobs``, a usage chunk, ``[DONE]``).
+* ``GET /v1/models`` (the tokenizer folder as ``root``, ``max_model_len``), ``GET /health``, ``GET /weight_info``.
+* Direct baseline: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
+  ``/v1beta/models/{m}:streamGenerateContent`` answer the same canned answer in that vendor's stream shape at the
+  same pace (bytes pre-encoded by ``converters``), after only a ``json.loads`` of the body: an ideal vendor server,
+  so *proxied minus direct* is the proxy's added latency.
+* ``POST /v1/chat/completions`` with ``return_token_ids`` (OpenEnv's capture server's upstream call): vLLM's
+  non-streamed chat answer with ``prompt_token_ids`` (fake ids, prefix-consistent across turns), ``token_ids`` and
+  ``logprobs.content``.
+* Faults (``POST /_fake/faults``, JSON :class:`Faults`; ``GET /_fake/stats``): delay the first token, answer an
+  HTTP error, drop the connection after k tokens, or hang — for the next ``calls`` completions (-1: all).
+
+CLI: ``python benchmarks/fake_engine.py --model-dir D [--port P] [--token-rate R] [--tokens N]`` prints its URL.
+:func:`spawn` starts it as a subprocess (its own process group) and returns a :class:`FakeEngineProcess`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from converters import dialect_for  # noqa: E402
+from converters.base import Route  # noqa: E402
+from converters.canonical import (  # noqa: E402
+    Finish,
+    Message,
+    ModelRequest,
+    StreamEvent,
+    StreamStart,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnded,
+    ToolCallStarted,
+    Usage,
+    WireFormat,
+)
+
+SERVED = "fake-engine"
+_CALLS = (("read_file", "path", "src/module_{i}.py"), ("bash", "command", "pytest -x tests/test_{i}.py"))
+
+
+@dataclass(frozen=True)
+class Faults:
+    delay_s: float = 0.0  # extra wait before the first token
+    status: int = 0  # answer this HTTP status instead (0: none)
+    drop_after: int = -1  # close the connection after this many tokens (-1: never)
+    hang: bool = False  # accept, then never answer
+    calls: int = 0  # how many completions are affected (-1: all)
+
+
+@dataclass(frozen=True)
+class Answer:
+    ids: tuple[int, ...]  # ends with the end-of-turn id
+    pieces: tuple[str, ...]  # text of each id (the end-of-turn id's is "")
+    prose: str
+    tool: str
+    args: str
+
+    @property
+    def tool_text(self) -> str:
+        return f'<tool_call>{{"name": "{self.tool}", "arguments": {self.args}}}</tool_call>'
+
+
+@dataclass
+class FakeEngine:
+    answers: tuple[Answer, ...]
+    model_dir: str
+    token_rate: float = 0.0
+    max_model_len: int = 262_144
+    faults: Faults = field(default_factory=Faults)
+    calls: int = 0
+    active: int = 0
+    peak_active: int = 0  # most completions in flight at once
+    prompt_tokens: int = 0
+
+    @classmethod
+    def build(cls, model_dir: str | Path, tokens: int = 64, **kw: Any) -> FakeEngine:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        eot = tok.convert_tokens_to_ids("<|im_end|>")
+        answers = tuple(_answer(tok, eot, i, tokens) for i in range(8))
+        return cls(answers, str(model_dir), **kw)
+
+    def pick(self, key: int) -> Answer:
+        return self.answers[key % len(self.answers)]
+
+    def take_fault(self) -> Faults | None:
+        f = self.faults
+        if f.calls == 0:
+            return None
+        if f.calls > 0:
+            self.faults = replace(f, calls=f.calls - 1)
+        return f
+
+    async def pace(self, tokens: int) -> None:
+        if self.token_rate > 0 and tokens:
+            await asyncio.sleep(tokens / self.token_rate)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/weight_info", self._weight_info)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/_fake/faults", self._set_faults)
+        app.router.add_get("/_fake/stats", self._stats)
+        for path, fmt in (
+            ("/v1/chat/completions", "chat"),
+            ("/v1/responses", "responses"),
+            ("/v1/messages", "anthropic"),
+            ("/v1beta/models/{model}:streamGenerateContent", "gemini"),
+        ):
+            app.router.add_post(path, self._direct(fmt))
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _weight_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"weight_version": "0"})
+
+    async def _models(self, _: web.Request) -> web.Response:
+        card = {"id": SERVED, "object": "model", "root": self.model_dir, "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _set_faults(self, request: web.Request) -> web.Response:
+        self.faults = Faults(**(await request.json()))
+        return web.json_response(asdict(self.faults))
+
+    async def _stats(self, _: web.Request) -> web.Response:
+        stats = {"calls": self.calls, "active": self.active, "peak_active": self.peak_active}
+        return web.json_response(stats | {"prompt_tokens": self.prompt_tokens})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body["prompt"]
+        self.calls += 1
+        self.prompt_tokens += len(prompt)
+        if len(prompt) + 1 > self.max_model_len:
+            msg = f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
+            msg += f"contains {len(prompt)} input tokens."
+            return web.json_response({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, status=400)
+        fault = self.take_fault()
+        if fault and fault.status:
+            return web.json_response({"error": {"message": "injected", "code": fault.status}}, status=fault.status)
+        answer = self.pick(len(prompt))
+        n = min(len(answer.ids), int(body.get("max_tokens") or len(answer.ids)))
+        self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
+        try:
+            if fault:
+                await asyncio.sleep(1e9 if fault.hang else fault.delay_s)
+            if not body.get("stream"):
+                await self.pace(n)
+                return web.json_response(_completion_body(answer, n, len(prompt)))
+            return await self._stream(request, answer, n, len(prompt), fault.drop_after if fault else -1)
+        finally:
+            self.active -= 1
+
+    async def _stream(self, request: web.Request, a: Answer, n: int, prompt: int, drop: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            await self.pace(1)
+            if i == drop:
+                assert request.transport is not None
+                request.transport.close()  # what a killed engine looks like to the proxy
+                return resp
+            last = i == n - 1
+            finish = ("stop" if a.ids[i] == a.ids[-1] and i == len(a.ids) - 1 else "length") if last else None
+            choice = {
+                "index": 0,
+                "text": a.pieces[i],
+                "logprobs": {"token_logprobs": [-0.5], "tokens": [a.pieces[i]], "text_offset": [0]},
+                "finish_reason": finish,
+                "stop_reason": None,
+                "token_ids": [a.ids[i]],
+            }
+            await resp.write(_sse({"id": "cmpl-fake", "object": "text_completion", "choices": [choice]}))
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        await resp.write(_sse({"id": "cmpl-fake", "object": "text_completion", "choices": [], "usage": usage}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _chat_with_ids(self, body: dict[str, Any]) -> web.Response:
+        """vLLM's chat route with ``return_token_ids`` (what OpenEnv's capture server calls, never streamed): the
+        prompt's ids (fake, but prefix-consistent from turn to turn, as the engine's own tokenisation is) and the
+        sampled ids with their logprobs."""
+        prompt = _fake_prompt_ids(body, {a.prose + a.tool_text: a for a in self.answers})
+        self.calls += 1
+        a = self.pick(len(prompt))
+        await self.pace(len(a.ids))
+        content = [{"token": p, "logprob": -0.5, "bytes": None, "top_logprobs": []} for p in a.pieces]
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": a.prose + a.tool_text},
+            "logprobs": {"content": content},
+            "finish_reason": "stop",
+            "token_ids": list(a.ids),
+        }
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(a.ids),
+            "total_tokens": len(prompt) + len(a.ids),
+        }
+        return web.json_response(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": SERVED,
+                "choices": [choice],
+                "usage": usage,
+                "prompt_token_ids": prompt,
+            }
+        )
+
+    def _direct(self, fmt: WireFormat):
+        frames = {i: _direct_frames(fmt, a) for i, a in enumerate(self.answers)}
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            raw = await request.read()
+            body = json.loads(raw)  # an ideal vendor server still reads the body
+            if fmt == "chat" and body.get("return_token_ids"):
+                return await self._chat_with_ids(body)
+            self.calls += 1
+            encoded = frames[len(raw) % len(self.answers)]
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            for data, tokens in encoded:
+                await self.pace(tokens)
+                if data:
+                    await resp.write(data)
+            await resp.write_eof()
+            return resp
+
+        return handler
+
+
+def _answer(tok: Any, eot: int, i: int, tokens: int) -> Answer:
+    name, key, value = _CALLS[i % len(_CALLS)]
+    args = json.dumps({key: value.format(i=i)})
+    call = f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'  # Answer.tool_text
+    call_ids = tok.encode(call, add_special_tokens=False)
+    lead = "Let me look at this step by step."
+    filler = " Checking the next part of the code now."
+    prose = lead
+    while len(tok.encode(prose + filler, add_special_tokens=False)) + len(call_ids) + 2 <= tokens:
+        prose += filler
+    prose += "\n"
+    prose_ids = tok.encode(prose, add_special_tokens=False)
+    ids = tuple(prose_ids + call_ids + [eot])
+    pieces = tuple(tok.decode([t]) for t in ids[:-1]) + ("",)
+    if "".join(pieces) != prose + call:
+        raise ValueError("canned answer does not decode token by token; pick ASCII text")
+    return Answer(ids, pieces, prose, name, args)
+
+
+def _fake_prompt_ids(body: dict[str, Any], answers: dict[str, Answer]) -> list[int]:
+    """Ids standing for a chat prompt: one id per 6 bytes of each message (an assistant turn that is one of our
+    answers gets that answer's sampled ids, as a real engine's re-tokenisation mostly would), two ids of template
+    per message and two of generation prompt: turn k's prompt + completion is a prefix of turn k+1's prompt."""
+    ids = list(json.dumps(body.get("tools") or []).encode()[::6])
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        text = content if isinstance(content, str) else json.dumps(content)
+        ids += [1, len(str(m.get("role")))]
+        ids += list(answers[text].ids) if text in answers else list(text.encode()[::6]) + [2]
+    return ids + [1, len("assistant")]
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _completion_body(a: Answer, n: int, prompt: int) -> dict[str, Any]:
+    finish = "stop" if n == len(a.ids) else "length"
+    choice = {
+        "index": 0,
+        "text": "".join(a.pieces[:n]),
+        "logprobs": {"token_logprobs": [-0.5] * n},
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": list(a.ids[:n]),
+    }
+    usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+    return {"id": "cmpl-fake", "object": "text_completion", "choices": [choice], "usage": usage}
+
+
+def _direct_frames(fmt: WireFormat, a: Answer) -> list[tuple[bytes, int]]:
+    """The vendor-shaped stream of answer ``a``: (bytes, tokens that frame stands for), paced like the engine."""
+    route = {
+        "chat": Route("chat", "/v1/chat/completions"),
+        "responses": Route("responses", "/v1/responses"),
+        "anthropic": Route("anthropic", "/v1/messages"),
+        "gemini": Route("gemini", "/v1beta/models/m:streamGenerateContent", model="m", stream=True, sse=True),
+    }[fmt]
+    req = ModelRequest(fmt, "m", (Message("user", (TextPart("x"),)),), stream=True, include_usage=True)
+    enc = dialect_for(fmt).stream_encoder(route, req)
+    prose_tokens = _prose_count(a)
+    events: list[tuple[StreamEvent, int]] = [(StreamStart("direct", "m", int(time.time()), 0), 0)]
+    events += [(TextDelta(p), 1) for p in a.pieces[:prose_tokens]]
+    call_tokens = len(a.ids) - prose_tokens
+    events += [(ToolCallStarted(0, "call_direct", a.tool), 0), (ToolCallDelta(0, a.args), call_tokens)]
+    events += [(ToolCallEnded(0), 0), (Finish("tool_calls", Usage(0, len(a.ids))), 0)]
+    return [(enc.feed(e), n) for e, n in events]
+
+
+def _prose_count(a: Answer) -> int:
+    """How many ids make the prose (the rest is the tool call and the end-of-turn id)."""
+    text = ""
+    for i, piece in enumerate(a.pieces):
+        if text == a.prose:
+            return i
+        text += piece
+    return len(a.pieces)
+
+
+# --------------------------------------------------------------------------------------------------- process
+
+
+@dataclass
+class FakeEngineProcess:
+    process: subprocess.Popen
+    url: str
+
+    def faults(self, faults: Faults) -> None:
+        httpx.post(f"{self.url}/_fake/faults", json=asdict(faults), timeout=10).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/_fake/stats", timeout=10).json()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed engine."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def spawn(model_dir: str | Path, port: int, *, token_rate: float = 0.0, tokens: int = 64) -> FakeEngineProcess:
+    cmd = [sys.executable, str(Path(__file__)), "--model-dir", str(model_dir), "--port", str(port)]
+    cmd += ["--token-rate", str(token_rate), "--tokens", str(tokens)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fake engine exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return FakeEngineProcess(proc, url)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise TimeoutError("fake engine not ready after 120 s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", required=True, help="tokenizer folder (also reported as the model root)")
+    ap.add_argument("--port", type=int, default=8031)
+    ap.add_argument("--token-rate", type=float, default=0.0, help="tokens/s per call (0: unpaced)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per answer")
+    ap.add_argument("--max-model-len", type=int, default=262_144)
+    args = ap.parse_args(argv)
+    engine = FakeEngine.build(args.model_dir, args.tokens, token_rate=args.token_rate, max_model_len=args.max_model_len)
+    print(f"http://127.0.0.1:{args.port}", flush=True)
+    web.run_app(engine.app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

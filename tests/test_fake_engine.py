@@ -1,0 +1,110 @@
+"""benchmarks/fake_engine.py: the FAKE engine answers the completions API exactly as addon.engine_client expects
+(token ids + one logprob each, vLLM's stream shape, usage, [DONE]), paces tokens, injects faults, and its direct
+vendor routes stream each format's own shape."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp.test_utils import TestServer
+
+from addon.engine_client import (
+    ContextTooLong,
+    EngineClient,
+    EngineError,
+    EngineUnavailable,
+    GenerationRequest,
+)
+from addon.parser import OutputParser
+from benchmarks.fake_engine import FakeEngine, Faults
+from benchmarks.sessions import FORMATS, decode_reply, path_for
+from converters.canonical import ToolCallStarted
+
+
+@pytest.fixture
+async def served(smollm2_tokenizer_dir: Path) -> AsyncIterator[tuple[FakeEngine, str]]:
+    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=40, max_model_len=4096)
+    server = TestServer(engine.app())
+    await server.start_server()
+    try:
+        yield engine, f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+async def test_streamed_answer_is_real_tokens_with_a_tool_call_and_end_of_turn(served, smollm2_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    engine, url = served
+    tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
+    async with EngineClient(url) as client:
+        result = await client.stream_result(GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=500))
+        whole = await client.generate(GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=500))
+    assert result.finish_reason == "stop" and result.usage.prompt_tokens == 3
+    assert len(result.completion_ids) == len(result.logprobs) >= 40
+    assert result.completion_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.decode(list(result.completion_ids[:-1])) == result.text  # the ids are the text, token for token
+    assert result.completion_ids == whole.completion_ids and result.text == whole.text  # same prompt, same answer
+    parser = OutputParser(allowed={"read_file": "function", "bash": "function"})
+    events = parser.feed(result.text) + parser.finish("stop", result.usage)  # type: ignore[arg-type]
+    assert [e.name for e in events if isinstance(e, ToolCallStarted)] in (["read_file"], ["bash"])
+
+
+async def test_max_tokens_cuts_with_length(served):
+    _, url = served
+    async with EngineClient(url) as client:
+        result = await client.stream_result(GenerationRequest(prompt_ids=(5,), max_tokens=4))
+    assert result.finish_reason == "length" and len(result.completion_ids) == 4
+
+
+async def test_token_rate_paces_the_stream(served):
+    engine, url = served
+    engine.token_rate = 400.0
+    async with EngineClient(url) as client:
+        t0 = time.perf_counter()
+        result = await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=40))
+        took = time.perf_counter() - t0
+    assert took >= len(result.completion_ids) / 400.0 * 0.9
+
+
+async def test_models_and_context_length(served, smollm2_tokenizer_dir):
+    _, url = served
+    async with EngineClient(url) as client:
+        (model,) = await client.models()
+        assert model.root == str(smollm2_tokenizer_dir) and model.max_model_len == 4096
+        assert await client.weight_version() == "0"
+        with pytest.raises(ContextTooLong) as err:
+            await client.generate(GenerationRequest(prompt_ids=(1,) * 5000, max_tokens=1))
+    assert err.value.max_context == 4096 and err.value.prompt_tokens == 5000
+
+
+async def test_faults_status_drop_and_delay_then_healthy_again(served):
+    engine, url = served
+    async with EngineClient(url) as client:
+        engine.faults = Faults(status=500, calls=1)
+        with pytest.raises(EngineError) as err:
+            await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=8))
+        assert err.value.status == 500
+        engine.faults = Faults(drop_after=2, calls=1)
+        with pytest.raises(EngineUnavailable):
+            await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=8))
+        engine.faults = Faults(delay_s=0.3, calls=1)
+        t0 = time.perf_counter()
+        await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))
+        assert time.perf_counter() - t0 >= 0.3
+        result = await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=8))
+    assert len(result.completion_ids) == 8 and engine.faults.calls == 0
+
+
+@pytest.mark.parametrize("format", FORMATS)
+async def test_direct_routes_stream_each_vendor_shape(served, format):
+    _, url = served
+    async with httpx.AsyncClient() as http:
+        r = await http.post(url + path_for(format), content=b'{"model": "m"}')
+    reply = decode_reply(format, r.content)
+    assert reply.complete and reply.error is None
+    assert reply.text.startswith("Let me look") and [c.name for c in reply.tool_calls] in (["read_file"], ["bash"])
