@@ -30,7 +30,7 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_temperature", str, "", "Force this sampling temperature; empty: the request's, else 1.0."),
     ("harnessrl_default_max_tokens", int, 1024, "max_tokens when the request gives none (clamped to the context)."),
     ("harnessrl_neutral_sampling", bool, True, "Force top_p/top_k/min_p/penalties neutral (unbiased logprobs)."),
-    ("harnessrl_seed", int, -1, "Sampling seed for calls whose request gives none (-1: unseeded)."),
+    ("harnessrl_seed", int, -1, "Base seed; a call with none uses hash(seed, session, call index) (-1: unseeded)."),
     ("harnessrl_max_body", int, 16 * 1024 * 1024, "Largest request body accepted, in bytes (else a 413)."),
     ("harnessrl_server_port", int, 0, "Port of the internal generation/admin server on 127.0.0.1 (0: any)."),
     ("harnessrl_force_tool_calls", bool, False, "Testing only: constrain decoding so the model calls a tool."),

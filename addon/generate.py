@@ -19,6 +19,7 @@ distribution actually sampled (at the applied temperature); both the requested a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -74,9 +75,19 @@ class SamplingPolicy:
     temperature: float | None = None  # None: the request's temperature, else 1.0
     default_max_tokens: int = 1024
     neutral: bool = True  # force top_p/top_k/min_p/penalties neutral
-    seed: int | None = None  # used when the request gives none (reproducible collection)
+    seed: int | None = None  # base of the per-call seeds of calls whose request gives none (reproducible collection)
 
-    def apply(self, request: ModelRequest, prompt_len: int, max_model_len: int) -> dict[str, Any]:
+    def call_seed(self, session_id: str, call_index: int) -> int | None:
+        """The seed of one call: derived from the base seed, the session and the call index, so that a rerun samples
+        the same tokens while the G rollouts of a group (different sessions) still differ, as GRPO needs."""
+        if self.seed is None:
+            return None
+        digest = hashlib.sha256(f"{self.seed}:{session_id}:{call_index}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+    def apply(
+        self, request: ModelRequest, prompt_len: int, max_model_len: int, session_id: str = "", call_index: int = 0
+    ) -> dict[str, Any]:
         s = request.sampling
         room = max_model_len - prompt_len
         temperature = self.temperature if self.temperature is not None else s.temperature
@@ -86,7 +97,7 @@ class SamplingPolicy:
             # Stop strings are not applied: vLLM would cut the text but not say which sampled ids made the match,
             # and the record must hold exactly what was sampled. The requested ones stay in sampling_requested.
             "stop": [],
-            "seed": s.seed if s.seed is not None else self.seed,
+            "seed": s.seed if s.seed is not None else self.call_seed(session_id, call_index),
         }
         if self.neutral:
             applied |= {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -219,7 +230,9 @@ class Generator:
                 "context_length",
                 f"prompt is too long: {len(turn.prompt_ids)} tokens > {self.max_model_len - 1} maximum",
             )
-        turn.applied = self.policy.apply(request, len(turn.prompt_ids), self.max_model_len)
+        turn.applied = self.policy.apply(
+            request, len(turn.prompt_ids), self.max_model_len, turn.info.session_id, turn.call_index
+        )
         parser = OutputParser(self.parser_spec, allowed=turn.plan.allowed_tools())
         encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
         acc = turn.acc = Accumulator()

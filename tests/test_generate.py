@@ -259,3 +259,15 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
     else:
         assert sink.status == 529 and sink.headers.get("retry-after")
         assert json.loads(text)["type"] == "error" and json.loads(text)["error"]["type"] == "overloaded_error"
+
+
+def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_call():
+    from addon.generate import SamplingPolicy
+
+    policy = SamplingPolicy(seed=7)
+    seeds = {policy.call_seed(f"rollout-{g}", i) for g in range(4) for i in range(5)}
+    assert len(seeds) == 20  # the G rollouts of a group sample differently, call by call
+    assert policy.call_seed("rollout-0", 3) == SamplingPolicy(seed=7).call_seed("rollout-0", 3)  # reproducible
+    assert policy.call_seed("rollout-0", 3) != SamplingPolicy(seed=8).call_seed("rollout-0", 3)
+    assert all(0 <= s < 2**31 for s in seeds if s is not None)
+    assert SamplingPolicy().call_seed("rollout-0", 0) is None  # unseeded stays unseeded
