@@ -216,7 +216,8 @@ def _parse_system(value: Any, fields: UnknownFields) -> Message | None:
         raise _bad("systemInstruction: expected object", "systemInstruction")
     value = _camel(value)
     fields.check("systemInstruction", value, {"role", "parts"})
-    parts = [_parse_part(p, f"systemInstruction.parts[{i}]", fields) for i, p in enumerate(value.get("parts") or [])]
+    raw_parts = expect(value, "parts", list, "systemInstruction") or []
+    parts = [_parse_part(p, f"systemInstruction.parts[{i}]", fields) for i, p in enumerate(raw_parts)]
     if not all(isinstance(p, TextPart) for p in parts):
         raise _bad("systemInstruction: only text parts are supported", "systemInstruction")
     return Message("system", tuple(parts))

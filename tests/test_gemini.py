@@ -547,6 +547,7 @@ BAD_REQUESTS: list[tuple[dict[str, Any], list[str]]] = [
     ({"contents": [X], "generationConfig": {"maxOutputTokens": True}}, ["maxOutputTokens", "boolean"]),
     ({"contents": [X], "generationConfig": {"responseMimeType": "text/x.enum"}}, ["text/x.enum"]),
     ({"contents": [X], "systemInstruction": {"parts": [{"functionCall": {"name": "f"}}]}}, ["systemInstruction"]),
+    ({"contents": [X], "systemInstruction": {"parts": True}}, ["systemInstruction.parts", "expected array"]),  # fuzz
     ({"contents": [X], "tools": F, "toolConfig": {"functionCallingConfig": {"mode": "SOMETIMES"}}}, ["SOMETIMES"]),
     (
         {
