@@ -494,8 +494,13 @@ def _sandbox(args: argparse.Namespace) -> SandboxConfig:
         raise CollectConfigError(str(e)) from e
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (kill, a supervisor, `make` being stopped) takes the same orderly stop as Ctrl-C
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
     args = build_parser(env).parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # else the proxies, relays and harness groups outlive a `kill`
     try:
         config = config_from_args(args)
         load_tasks(config.tasks, config.max_tasks)  # fail before anything starts

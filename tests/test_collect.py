@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -238,6 +239,53 @@ def test_a_real_mini_collection(engine_url: str, tmp_path: Path) -> None:
     assert "4/4" in log.getvalue()
     print("\n" + result.files["markdown"].read_text())
     assert os.listdir(tmp_path / "run")  # nothing else asserted about the folder layout
+
+
+@pytest.mark.integration
+def test_sigterm_stops_the_collection_and_everything_it_started(engine_url: str, tmp_path: Path) -> None:
+    """`kill <collect>` mid-rollout: it exits 130 and no process it started (proxy, relay, harness) survives."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "tasks.collect", "--tasks", "warmup", "--max-tasks", "1", "--harnesses",
+           "mini-swe-agent", "--group-size", "1", "--engine-url", engine_url,
+           "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    started: set[int] = set()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any("mini" in cmdline(p) for p in started):
+        started |= descendants(proc.pid)  # wait until the harness itself runs
+        time.sleep(0.2)
+    assert started, "collect started no process"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    time.sleep(1)
+    survivors = [f"{p}: {cmdline(p)}" for p in started if alive(p)]
+    assert not survivors, survivors
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat_file.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat_file.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 KILL_PROBE = """
