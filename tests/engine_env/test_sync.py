@@ -97,16 +97,22 @@ def test_sync_makes_the_engine_serve_the_checkpoint_as_a_version(
 ) -> None:
     trainer, folder = trained
     original = asyncio.run(sync._version(engine_url))
-    prompt = (1, 2, 6)
+    prompts = [(1, 2, 6), (1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 6, 7)]
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     try:
         seconds = sync.sync_weights(engine_url, folder, 41)
         assert 0 < seconds < 120
         assert sync.served_version(engine_url) == 41
-        token, served = asyncio.run(_sampled(engine_url, prompt))
-        # the engine's logprob is the trained model's, not the base model's
-        assert served == pytest.approx(_logprob(trainer.model, prompt, token), abs=1e-3)
-        assert abs(served - _logprob(base, prompt, token)) > 1e-3
+        to_trained, to_base = [], []
+        for prompt in prompts:
+            token, served = asyncio.run(_sampled(engine_url, prompt))
+            to_trained.append(abs(served - _logprob(trainer.model, prompt, token)))
+            to_base.append(abs(served - _logprob(base, prompt, token)))
+        # the engine's logprobs are the trained model's, not the base model's. vLLM's CPU kernels and torch's
+        # differ by up to ~5e-3 after this large step (seen in CI), while one Adam step at lr 1e-3 moves these
+        # logprobs by ~0.05-0.6, so the test compares the two distances rather than pinning a float tolerance.
+        assert max(to_trained) < 0.02, to_trained
+        assert sum(to_base) > 5 * sum(to_trained), (to_base, to_trained)
     finally:
         asyncio.run(_restore(engine_url, model_dir, original))
     assert asyncio.run(sync._version(engine_url)) == original
