@@ -8,23 +8,22 @@ Contract
   metadata carries :data:`SCHEMA_VERSION`. Bump the version on any change to the fields or their meaning.
 * :func:`to_batch` / :func:`records_from_table` convert between records and Arrow (a one-row record batch is also
   what the write-ahead log stores, so WAL, shards and readers share one conversion).
-* :func:`pack_json` / :func:`unpack_json` make and read the zstd-compressed JSON of ``request_canonical`` and
-  ``completion_canonical`` (standard zstd frames: ``zstd -d`` reads them too).
+* :func:`pack_json` / :func:`unpack_json` (from :mod:`addon.record_json`, re-exported here) make and read the
+  zstd-compressed JSON of ``request_canonical`` and ``completion_canonical`` (standard zstd frames: ``zstd -d``
+  reads them too); :mod:`addon.record_json` also has the per-message cache that keeps building them cheap.
 * :func:`read_records` reads every shard of one or many run folders, local or on any pyarrow filesystem, through
   ``pyarrow.dataset``; :func:`iter_sessions` splits such a table into sessions ordered by ``call_index``.
 
 The durable writer is :class:`addon.record_store.RecordStore`. Nothing here imports mitmproxy.
 
-Layout: schema, typed records, Arrow conversion, JSON blobs, readers.
+Layout: schema, typed records, Arrow conversion, readers.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import struct
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from addon.record_json import pack_json as pack_json  # re-exported: the blob columns' encoding
+from addon.record_json import unpack_json as unpack_json
 from converters.canonical import WIRE_FORMATS, FinishReason, WireFormat
 
 SCHEMA_VERSION: Final = 1
@@ -85,15 +86,24 @@ SCHEMA: Final = pa.schema(
 )
 
 _INT32_MAX = 2**31 - 1
+# The token columns are built over array('i') / array('f') buffers, read as int32 / float32.
+if array("i").itemsize != 4 or array("f").itemsize != 4:
+    raise ImportError("addon.records needs a platform whose C int and float are 4 bytes")
 
 
 @dataclass(frozen=True)
 class TurnTokens:
-    """The exact token ids of one call: the prompt the engine saw, and what it sampled with each token's logprob."""
+    """The exact token ids of one call: the prompt the engine saw, and what it sampled with each token's logprob.
+
+    The ids are also packed once, on construction, into Arrow arrays (``arrow()``): the range checks run on them
+    vectorised and :func:`to_batch` uses them as they are, so a 130k-token prompt costs one C-level conversion per
+    call instead of a Python-level pass per check and another for the Arrow column.
+    """
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...] = ()
     completion_logprobs: tuple[float, ...] = ()
+    _arrow: tuple[pa.Array, pa.Array, pa.Array] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Accept any sequence (lists from the engine) but store tuples, so a record cannot change after the fact.
@@ -103,21 +113,39 @@ class TurnTokens:
                 object.__setattr__(self, name, tuple(value))
         try:
             # Round to float32 now, as the column stores them: a record then equals itself read back.
-            logprobs = array("f", self.completion_logprobs).tolist()
+            logprobs = array("f", self.completion_logprobs)
         except (OverflowError, TypeError) as e:
             raise ValueError(f"completion_logprobs must be float32 numbers: {e}") from e
-        if any(math.isnan(x) for x in logprobs):
+        lp = pa.Array.from_buffers(pa.float32(), len(logprobs), [None, pa.py_buffer(logprobs)])
+        if len(logprobs) and pc.any(pc.is_nan(lp)).as_py():
             raise ValueError("completion_logprobs must not contain NaN")
-        object.__setattr__(self, "completion_logprobs", tuple(logprobs))
+        object.__setattr__(self, "completion_logprobs", tuple(logprobs.tolist()))
         if len(self.completion_ids) != len(self.completion_logprobs):
             raise ValueError(
                 f"completion_ids has {len(self.completion_ids)} tokens but completion_logprobs has "
                 f"{len(self.completion_logprobs)}; each sampled token needs exactly one logprob"
             )
-        for name in ("prompt_ids", "completion_ids"):
-            ids = getattr(self, name)
-            if ids and (min(ids) < 0 or max(ids) > _INT32_MAX):
-                raise ValueError(f"{name} must hold token ids in [0, 2**31); got {min(ids)}..{max(ids)}")
+        prompt = _pack_ids(self.prompt_ids, "prompt_ids")
+        object.__setattr__(self, "_arrow", (prompt, _pack_ids(self.completion_ids, "completion_ids"), lp))
+
+    def arrow(self) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """``prompt_ids`` (int32), ``completion_ids`` (int32), ``completion_logprobs`` (float32) as Arrow arrays."""
+        return self._arrow
+
+
+def _pack_ids(ids: tuple[int, ...], name: str) -> pa.Array:
+    """Token ids as an int32 Arrow array over an ``array('i')`` buffer; ValueError outside [0, 2**31)."""
+    try:
+        packed = array("i", ids)  # one C loop; raises for anything outside int32 or not an int
+    except (OverflowError, TypeError) as e:
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= _INT32_MAX][:3]
+        raise ValueError(f"{name} must hold token ids in [0, 2**31); got {bad}") from e
+    arr = pa.Array.from_buffers(pa.int32(), len(packed), [None, pa.py_buffer(packed)])
+    if len(packed):
+        low = pc.min(arr).as_py()
+        if low < 0:
+            raise ValueError(f"{name} must hold token ids in [0, 2**31); got {low}..{pc.max(arr).as_py()}")
+    return arr
 
 
 @dataclass(frozen=True)
@@ -203,9 +231,22 @@ def _dumps(value: Mapping[str, Any], what: str) -> str:
         raise ValueError(f"{what} is not JSON-serialisable: {e}") from e
 
 
+_TOKEN_COLUMNS: Final = ("prompt_ids", "completion_ids", "completion_logprobs")
+
+
 def to_row(record: CallRecord) -> dict[str, Any]:
     """The record as a dict of column values (schema order)."""
     tokens = record.tokens
+    return {
+        **_scalar_row(record),
+        "prompt_ids": tokens.prompt_ids,
+        "completion_ids": tokens.completion_ids,
+        "completion_logprobs": tokens.completion_logprobs,
+    }
+
+
+def _scalar_row(record: CallRecord) -> dict[str, Any]:
+    """Every column but the token lists."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": record.run_id,
@@ -222,9 +263,6 @@ def to_row(record: CallRecord) -> dict[str, Any]:
         "received_at": record.received_at,
         "first_token_at": record.first_token_at,
         "done_at": record.done_at,
-        "prompt_ids": tokens.prompt_ids,
-        "completion_ids": tokens.completion_ids,
-        "completion_logprobs": tokens.completion_logprobs,
         "finish_reason": record.finish_reason,
         "tool_call_names": record.tool_call_names,
         "tool_call_count": len(record.tool_call_names),
@@ -245,12 +283,34 @@ def to_row(record: CallRecord) -> dict[str, Any]:
 
 
 def to_batch(records: Sequence[CallRecord]) -> pa.RecordBatch:
-    """Records as one record batch of :data:`SCHEMA` (raises ValueError if a value does not fit its column)."""
-    rows = [to_row(r) for r in records]
+    """Records as one record batch of :data:`SCHEMA` (raises ValueError if a value does not fit its column).
+
+    The token columns are assembled from the arrays :class:`TurnTokens` packed (offsets + values, no per-id
+    Python work); the other columns go through ``pa.array`` as values.
+    """
+    rows = [_scalar_row(r) for r in records]
+    packed = [r.tokens.arrow() for r in records]
+    columns: list[pa.Array] = []
     try:
-        return pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+        for f in SCHEMA:
+            if f.name in _TOKEN_COLUMNS:
+                parts = [p[_TOKEN_COLUMNS.index(f.name)] for p in packed]
+                columns.append(_list_column(parts, f.type))
+            else:
+                columns.append(pa.array([row[f.name] for row in rows], type=f.type))
+        return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise ValueError(f"record does not fit the schema: {e}") from e
+
+
+def _list_column(parts: list[pa.Array], list_type: pa.DataType) -> pa.Array:
+    """One list column from each row's values array: offsets are running lengths, values one concatenation."""
+    lengths = array("i", [0])
+    for part in parts:
+        lengths.append(lengths[-1] + len(part))
+    values = parts[0] if len(parts) == 1 else pa.concat_arrays(parts) if parts else pa.array([], list_type.value_type)
+    offsets = pa.Array.from_buffers(pa.int32(), len(lengths), [None, pa.py_buffer(lengths)])
+    return pa.ListArray.from_arrays(offsets, values, type=list_type)
 
 
 def from_row(row: Mapping[str, Any]) -> CallRecord:
@@ -269,39 +329,6 @@ def from_row(row: Mapping[str, Any]) -> CallRecord:
 
 def records_from_table(table: pa.Table | pa.RecordBatch) -> list[CallRecord]:
     return [from_row(row) for row in table.to_pylist()]
-
-
-# ------------------------------------------------------------------------------------------------ JSON blobs
-
-_ZSTD_MAGIC = 0xFD2FB528
-_codec = pa.Codec("zstd", compression_level=3)
-
-
-def pack_json(value: Any) -> bytes:
-    """JSON-encode ``value`` and compress it as one zstd frame (with its content size, which unpack needs)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    packed: bytes = _codec.compress(text.encode(), asbytes=True)
-    return packed
-
-
-def unpack_json(blob: bytes) -> Any:
-    """Inverse of :func:`pack_json`."""
-    size = _zstd_content_size(blob)
-    return json.loads(_codec.decompress(blob, decompressed_size=size, asbytes=True))
-
-
-def _zstd_content_size(blob: bytes) -> int:
-    """The frame content size from a zstd frame header (RFC 8878, 3.1.1.1); pyarrow's decompress needs it."""
-    if len(blob) < 6 or struct.unpack_from("<I", blob)[0] != _ZSTD_MAGIC:
-        raise ValueError("not a zstd frame")
-    descriptor = blob[4]
-    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
-    offset = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
-    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
-    if fcs_size == 0:
-        raise ValueError("zstd frame does not record its content size")
-    size = int.from_bytes(blob[offset : offset + fcs_size], "little")
-    return size + 256 if fcs_size == 2 else size
 
 
 # ------------------------------------------------------------------------------------------------ readers

@@ -3,11 +3,15 @@
 Rows are realistic for coding agents: 8k prompt ids, 300 completion ids + logprobs, a ~24 KB canonical request
 and a ~2 KB canonical completion (zstd-packed JSON), a few tool calls and identity hints.
 
-    .venvs/proxy/bin/python benchmarks/records_append.py [--calls 1000] [--shard-rows 1000] [--dir PATH]
+    .venvs/proxy/bin/python benchmarks/records_append.py [--calls 1000] [--shard-rows 1000] [--dir PATH] \
+        [--threads 1 8 32]
 
 ``--dir`` picks the disk to measure (the default is a fresh folder under the system temp dir); fsync cost depends on
 it entirely. Printed: append p50/p99/max in ms (record -> Arrow -> WAL frame -> write -> fsync), the append that also
-writes a shard, shard write rows/s and MB/s, bytes per row on disk, and read_records rows/s.
+writes a shard, shard write rows/s and MB/s, bytes per row on disk, and read_records rows/s. ``--threads`` then
+appends the same rows from that many threads at once (as the addon's worker threads do) into a fresh store and
+prints acknowledged appends/s and the per-append latency: with one fsync per append, made under the store's lock,
+appends/s cannot exceed 1 / (write + fsync) however many threads wait (the figure group commit would raise).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,12 +71,50 @@ def _ms(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
 
 
+def concurrent_appends(folder: Path, recs: list[CallRecord], threads: int, shard_rows: int) -> None:
+    """Append ``recs`` from ``threads`` threads at once; print appends/s and the per-append latency."""
+    store = RecordStore.open(folder, "bench", StoreConfig(shard_rows=shard_rows))
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(threads + 1)
+
+    def work(part: list[CallRecord]) -> None:
+        mine = []
+        start.wait()
+        for rec in part:
+            t = time.perf_counter()
+            store.append(rec)
+            mine.append(time.perf_counter() - t)
+        with lock:
+            latencies.extend(mine)
+
+    workers = [threading.Thread(target=work, args=(recs[i::threads],)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    store.close()
+    if len(latencies) != len(recs):
+        raise RuntimeError(f"{len(recs) - len(latencies)} appends did not complete")
+    print(
+        f"{threads} threads: {len(recs) / elapsed:,.0f} acknowledged appends/s, "
+        f"append p50 {_ms(latencies, 0.5):.2f} ms, p99 {_ms(latencies, 0.99):.2f} ms (shard writes included)",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--shard-rows", type=int, default=1000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--threads", type=int, nargs="*", default=[], help="concurrent appenders to measure")
     args = parser.parse_args()
+    if any(n < 1 for n in args.threads):
+        parser.error("--threads takes positive counts")
 
     base = Path(tempfile.mkdtemp(prefix="records-bench-", dir=args.dir))
     rng = random.Random(0)
@@ -114,6 +157,8 @@ def main() -> None:
         per_row_disk, per_row_mem = on_disk / args.calls / 1024, table.nbytes / args.calls / 1024
         print(f"on disk: {per_row_disk:.1f} KiB/row (Arrow in memory {per_row_mem:.1f} KiB/row)")
         print(f"read_records: {args.calls / read_s:,.0f} rows/s")
+        for n in args.threads:
+            concurrent_appends(base / f"threads-{n}", recs, n, args.shard_rows)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

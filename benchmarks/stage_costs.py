@@ -3,103 +3,202 @@ context sizes, in the steady state of a tool loop (each call extends the previou
 
 Stages, in the order the addon runs them (addon/generate.py): ``parse`` (body bytes -> canonical request, the
 format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/splice.py),
-``record_build`` (the row: canonical request to JSON + zstd, addon/generate.py ``build_record``), ``append``
-(Arrow batch + WAL frame + fsync, addon/record_store.py), and ``graph_record`` (adding the call's node). What is
-not here — mitmproxy's TLS and HTTP relay, the loopback hop to the internal server, event-loop scheduling — is the
-rest of the measured added latency (benchmarks/side_by_side.py).
+``graph_record`` (adding the call's node), ``record_build`` (the row: token ids checked and packed, canonical
+request and completion to JSON + zstd, addon/generate.py ``build_record``), and ``append`` (Arrow batch + WAL
+frame + fsync, addon/record_store.py). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written
+and fsynced to a WAL segment in the same folder. What is not here — mitmproxy's TLS and HTTP relay, the loopback
+hop to the internal server, event-loop scheduling — is the rest of the measured added latency
+(benchmarks/side_by_side.py).
 
-Usage: ``python benchmarks/stage_costs.py --model-dir D [--contexts 8000 32000 128000] [--calls 6]``.
+The record build is timed as the Generator runs it: one :class:`~addon.record_json.CanonicalJson` shared by the
+whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call).
+
+Usage::
+
+    python benchmarks/stage_costs.py --model-dir D [--contexts 8000 32000 128000] [--calls 6]
+    git worktree add /tmp/base HEAD   # e.g. the last commit, to compare the working tree against
+    python benchmarks/stage_costs.py --model-dir D --compare before=/tmp/base after=.   # before vs this checkout
+
+``--compare LABEL=TREE ...`` runs each context once per tree, each in a fresh process (``--tree T --json``), tree
+after tree within a context, ``--repeat`` rounds, and prints one table with a row per tree per context (medians
+over the rounds), so all trees see about the same machine load.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from addon.generate import CallInfo, _Turn, build_record  # noqa: E402
-from addon.record_store import RecordStore  # noqa: E402
-from addon.render import PromptRenderer  # noqa: E402
-from addon.splice import SessionState, SpliceRenderer  # noqa: E402
-from addon.splice import plan as splice_plan  # noqa: E402
-from addon.splice import record as splice_record  # noqa: E402
-from benchmarks import tree  # noqa: E402
-from benchmarks.sessions import FORMATS, Conversation, Reply, ToolCallSeen, context_script  # noqa: E402
-from benchmarks.side_by_side import CHARS_PER_TOKEN  # noqa: E402
-from converters import dialect_for  # noqa: E402
-from converters.base import Route  # noqa: E402
-from converters.canonical import Completion, ToolCall, Usage  # noqa: E402
-
-ROUTES = {
-    "chat": Route("chat", "/v1/chat/completions"),
-    "responses": Route("responses", "/v1/responses"),
-    "anthropic": Route("anthropic", "/v1/messages"),
-    "gemini": Route("gemini", "/v1beta/models/gemini-2.5-pro:streamGenerateContent", "gemini-2.5-pro", True, True),
+STAGES = ("parse", "splice", "graph_record", "record_build", "append", "wal_fsync")
+MODULES = {
+    "generate": "addon.generate",
+    "record_store": "addon.record_store",
+    "records": "addon.records",
+    "wal": "addon.wal",
+    "render": "addon.render",
+    "splice": "addon.splice",
+    "tree": "benchmarks.tree",
+    "sessions": "benchmarks.sessions",
+    "side_by_side": "benchmarks.side_by_side",
+    "converters": "converters",
+    "base": "converters.base",
+    "canonical": "converters.canonical",
 }
 
 
-def measure(renderer: PromptRenderer, splicer: SpliceRenderer, store: RecordStore, tokens: int, calls: int):
+def load(tree: Path) -> SimpleNamespace:
+    """The modules of the source tree ``tree`` (put first on sys.path: one tree per process)."""
+    sys.path.insert(0, str(tree))
+    mods = {name: importlib.import_module(mod) for name, mod in MODULES.items()}
+    for name, mod in mods.items():
+        if not Path(mod.__file__ or "").resolve().is_relative_to(tree.resolve()):
+            raise RuntimeError(f"{MODULES[name]} was imported from {mod.__file__}, not from {tree}")
+    return SimpleNamespace(**mods)
+
+
+def routes(m: SimpleNamespace) -> dict[str, Any]:
+    Route = m.base.Route
+    return {
+        "chat": Route("chat", "/v1/chat/completions"),
+        "responses": Route("responses", "/v1/responses"),
+        "anthropic": Route("anthropic", "/v1/messages"),
+        "gemini": Route("gemini", "/v1beta/models/gemini-2.5-pro:streamGenerateContent", "gemini-2.5-pro", True, True),
+    }
+
+
+def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens: int, calls: int, json_cache: Any):
     """Stage -> list of seconds over the steady-state calls (call >= 1) of one session per format."""
     times: dict[str, list[float]] = defaultdict(list)
     prompt_lens: list[int] = []
     eot = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for fmt in FORMATS:
-        conv = Conversation(context_script(9, tokens, fmt, int(tokens * CHARS_PER_TOKEN), calls))
-        state = SessionState(f"stage-{fmt}-{tokens}")
-        for i in range(calls):
-            body = conv.wire().body
-            t = [time.perf_counter()]
-            request = dialect_for(fmt).parse_request(body, ROUTES[fmt], {})
-            t.append(time.perf_counter())
-            plan = splice_plan(state, request, splicer)
-            t.append(time.perf_counter())
-            reply = Reply("Reading it.", (ToolCallSeen(f"call_{fmt}_{i}", "read_file", '{"path": "a.py"}'),), True)
-            text = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
-            ids = tuple(renderer.tokenizer.encode("Reading it.\n" + text, add_special_tokens=False)) + (eot,)
-            completion = Completion(
-                "x",
-                request.model,
-                "Reading it.",
-                tool_calls=(ToolCall(reply.tool_calls[0].id, "read_file", '{"path": "a.py"}'),),
-                finish_reason="tool_calls",
-                usage=Usage(len(plan.prompt_ids), len(ids)),
-            )
-            info = CallInfo(
-                "stage", state.session_id, ROUTES[fmt], {}, datetime.now(UTC), call_id=f"{fmt}-{tokens}-{i}"
-            )
-            turn = _Turn(
-                request, info, i, prompt_ids=plan.prompt_ids, completion_ids=list(ids), logprobs=[-0.5] * len(ids)
-            )
-            turn.plan = plan
-            t.append(time.perf_counter())
-            splice_record(state, info.call_id, request, plan, completion, ids, "tool_calls")
-            t.append(time.perf_counter())
-            row = build_record(turn, completion, "fake", None)
-            t.append(time.perf_counter())
-            store.append(row)
-            t.append(time.perf_counter())
-            if i >= 1:
-                for name, a, b in (
-                    ("parse", 0, 1),
-                    ("splice", 1, 2),
-                    ("graph_record", 3, 4),
-                    ("record_build", 4, 5),
-                    ("append", 5, 6),
-                ):
-                    times[name].append(t[b] - t[a])
-                prompt_lens.append(len(plan.prompt_ids))
-                assert plan.reason == "extends", plan.reason
-            conv.extend(reply, i)
+    s, canonical, route_of = m.sessions, m.canonical, routes(m)
+    extra = {"canonical_json": json_cache} if json_cache is not None else {}
+    probe = m.wal.SegmentWriter(store.folder / f"probe-{tokens}.log", m.records.SCHEMA_VERSION)
+    try:
+        for fmt in s.FORMATS:
+            conv = s.Conversation(s.context_script(9, tokens, fmt, int(tokens * m.side_by_side.CHARS_PER_TOKEN), calls))
+            state = m.splice.SessionState(f"stage-{fmt}-{tokens}")
+            for i in range(calls):
+                body = conv.wire().body
+                t = [time.perf_counter()]
+                request = m.converters.dialect_for(fmt).parse_request(body, route_of[fmt], {})
+                t.append(time.perf_counter())
+                plan = m.splice.plan(state, request, splicer)
+                t.append(time.perf_counter())
+                reply = s.Reply(
+                    "Reading it.", (s.ToolCallSeen(f"call_{fmt}_{i}", "read_file", '{"path": "a.py"}'),), True
+                )
+                text = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
+                ids = tuple(renderer.tokenizer.encode("Reading it.\n" + text, add_special_tokens=False)) + (eot,)
+                completion = canonical.Completion(
+                    "x",
+                    request.model,
+                    "Reading it.",
+                    tool_calls=(canonical.ToolCall(reply.tool_calls[0].id, "read_file", '{"path": "a.py"}'),),
+                    finish_reason="tool_calls",
+                    usage=canonical.Usage(len(plan.prompt_ids), len(ids)),
+                )
+                info = m.generate.CallInfo(
+                    "stage", state.session_id, route_of[fmt], {}, datetime.now(UTC), call_id=f"{fmt}-{tokens}-{i}"
+                )
+                turn = m.generate._Turn(
+                    request, info, i, prompt_ids=plan.prompt_ids, completion_ids=list(ids), logprobs=[-0.5] * len(ids)
+                )
+                turn.plan = plan
+                t.append(time.perf_counter())
+                m.splice.record(state, info.call_id, request, plan, completion, ids, "tool_calls")
+                t.append(time.perf_counter())
+                row = m.generate.build_record(turn, completion, "fake", None, **extra)
+                t.append(time.perf_counter())
+                store.append(row)
+                t.append(time.perf_counter())
+                frame = m.records.to_batch([row]).serialize().to_pybytes()
+                t.append(time.perf_counter())
+                probe.append(frame)
+                t.append(time.perf_counter())
+                if i >= 1:
+                    spans = (("parse", 0, 1), ("splice", 1, 2), ("graph_record", 3, 4), ("record_build", 4, 5))
+                    for name, a, b in (*spans, ("append", 5, 6), ("wal_fsync", 7, 8)):
+                        times[name].append(t[b] - t[a])
+                    prompt_lens.append(len(plan.prompt_ids))
+                    if plan.reason != "extends":
+                        raise RuntimeError(f"{fmt} call {i} did not extend its parent: {plan.reason}")
+                conv.extend(reply, i)
+    finally:
+        probe.close()
     return times, prompt_lens
+
+
+def run_tree(tree: Path, model_dir: str, contexts: list[int], calls: int) -> list[dict[str, Any]]:
+    """Measure every context with the modules of ``tree``; one dict of median milliseconds per context."""
+    m = load(tree)
+    renderer = m.render.PromptRenderer.from_pretrained(model_dir)
+    splicer = m.splice.SpliceRenderer(renderer)
+    takes_cache = "canonical_json" in inspect.signature(m.generate.build_record).parameters
+    json_cache = importlib.import_module("addon.record_json").CanonicalJson() if takes_cache else None
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = m.record_store.RecordStore.open(Path(tmp), "stage")
+        try:
+            for tokens in contexts:
+                times, lens = measure(m, renderer, splicer, store, tokens, calls, json_cache)
+                med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+                total = sum(v for k, v in med.items() if k != "wal_fsync")  # wal_fsync is inside append
+                out.append({"context": tokens, "prompt_tokens": int(statistics.median(lens)), **med, "total": total})
+        finally:
+            store.close()
+    return out
+
+
+HEADER = (
+    "| context | tree | prompt tokens p50 | parse ms | splice ms | graph ms | record build ms | append ms "
+    "| of which WAL write+fsync ms | total ms |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table_row(label: str, r: dict[str, Any]) -> str:
+    cells = [f"{r[k]:.2f}" for k in ("parse", "splice", "graph_record", "record_build", "append", "wal_fsync")]
+    return f"| {r['context']} | {label} | {r['prompt_tokens']} | " + " | ".join(cells) + f" | {r['total']:.1f} |"
+
+
+def compare(trees: list[tuple[str, Path]], model_dir: str, contexts: list[int], calls: int, repeat: int) -> None:
+    """Fresh processes of each tree, tree after tree within each context, ``repeat`` rounds; prints the median of
+    each figure over the rounds (a shared machine's load drifts; rounds spread the trees over the same drift)."""
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for _ in range(repeat):
+        for tokens in contexts:
+            for label, tree in trees:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--model-dir", model_dir, "--calls", str(calls)]
+                cmd += ["--contexts", str(tokens), "--tree", str(tree), "--json"]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{label} ({tree}) failed at {tokens} tokens:\n{done.stderr[-3000:]}")
+                runs[(tokens, label)].extend(json.loads(done.stdout))
+    for tokens in contexts:
+        for label, _ in trees:
+            results = runs[(tokens, label)]
+            med = {k: statistics.median(r[k] for r in results) for k in (*STAGES, "total", "prompt_tokens")}
+            print(table_row(label, {"context": tokens, **med, "prompt_tokens": int(med["prompt_tokens"])}), flush=True)
+
+
+def _labelled(ap: argparse.ArgumentParser, item: str) -> tuple[str, Path]:
+    label, sep, path = item.partition("=")
+    if not sep or not label or not Path(path, "addon").is_dir():
+        ap.error(f"--compare takes LABEL=TREE with TREE a source tree holding addon/; got {item!r}")
+    return label, Path(path).resolve()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,28 +206,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--contexts", type=int, nargs="+", default=[8_000, 32_000, 128_000])
     ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--tree", type=Path, default=ROOT, help="source tree to measure (default: this checkout)")
+    ap.add_argument("--compare", nargs="+", metavar="LABEL=TREE", help="measure these source trees side by side")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of --compare (medians over rounds are printed)")
+    ap.add_argument("--json", action="store_true", help="print the medians as JSON (what --compare reads)")
     args = ap.parse_args(argv)
-    renderer = PromptRenderer.from_pretrained(args.model_dir)
-    splicer = SpliceRenderer(renderer)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    if args.calls < 2:
+        ap.error("--calls must be at least 2 (the first call of a session is not steady state)")
+    if args.json:
+        print(json.dumps(run_tree(args.tree.resolve(), args.model_dir, args.contexts, args.calls)))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import tree as tree_facts
+
     cmd = "python benchmarks/stage_costs.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"# Stage costs of a steady-state call\n\nMachine: {tree.machine_facts().markdown()}. Load {tree.loadavg()}.")
-    print(f"\nCommand: `{cmd}`\n")
-    print("| context | prompt tokens p50 | parse ms | splice ms | graph ms | record build ms | append ms | total ms |")
-    print("|---|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = RecordStore.open(Path(tmp), "stage")
-        try:
-            for tokens in args.contexts:
-                times, lens = measure(renderer, splicer, store, tokens, args.calls)
-                med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-                print(
-                    f"| {tokens} | {int(statistics.median(lens))} | {med['parse']:.1f} | {med['splice']:.1f} | "
-                    f"{med['graph_record']:.1f} | {med['record_build']:.1f} | {med['append']:.1f} | "
-                    f"{sum(med.values()):.1f} |",
-                    flush=True,
-                )
-        finally:
-            store.close()
+    print("# Stage costs of a steady-state call\n")
+    print(f"Machine: {tree_facts.machine_facts().markdown()}. Load at start {tree_facts.loadavg()}.")
+    print(f"\nCommand: `{cmd}`\n\n{HEADER}", flush=True)
+    if args.compare:
+        trees = [_labelled(ap, item) for item in args.compare]
+        compare(trees, args.model_dir, args.contexts, args.calls, args.repeat)
+    else:
+        for result in run_tree(args.tree.resolve(), args.model_dir, args.contexts, args.calls):
+            print(table_row("this", result), flush=True)
+    print(f"\nLoad at end {tree_facts.loadavg()}.")
     return 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,13 +24,11 @@ from addon.records import (
     TurnTokens,
     from_row,
     iter_sessions,
-    pack_json,
     read_records,
     records_from_table,
     shard_files,
     to_batch,
     to_row,
-    unpack_json,
 )
 from tests.record_factory import make_record, records
 
@@ -56,6 +53,11 @@ def test_turn_tokens_stores_tuples_and_float32_logprobs() -> None:
         ([-1], [], [], "prompt_ids must hold token ids"),
         ([1], [2**31], [0.0], "completion_ids must hold token ids"),
         ([1], [2], [float("nan")], "NaN"),
+        ([2**31], [], [], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got \[2147483648\]"),
+        ([5, -3, 9], [], [], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got -3\.\.9"),
+        ([1], [-1], [0.0], "completion_ids must hold token ids"),
+        ([1.5], [], [], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got \[1\.5\]"),
+        ([1], [2], ["x"], "completion_logprobs must be float32 numbers"),
     ],
 )
 def test_turn_tokens_rejects_bad_values(
@@ -133,32 +135,57 @@ def test_any_record_survives_arrow_and_ipc(recs: tuple[CallRecord, ...]) -> None
     assert records_from_table(reread) == list(recs)
 
 
+def _reference_batch(recs: list[CallRecord]) -> pa.RecordBatch:
+    """What to_batch built before the packed token columns: Arrow's conversion of the rows as Python values."""
+    return pa.RecordBatch.from_pylist([to_row(r) for r in recs], schema=SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "recs",
+    [
+        [make_record(0)],
+        [make_record(i, prompt_len=50 * i + 1, completion_len=i) for i in range(5)],  # incl. an empty completion
+        [make_record(0, prompt_len=0, completion_len=0)],
+        [],
+    ],
+    ids=["one", "varied", "empty-tokens", "no-records"],
+)
+def test_to_batch_equals_the_pylist_conversion(recs: list[CallRecord]) -> None:
+    batch = to_batch(recs)
+    assert batch.equals(_reference_batch(recs), check_metadata=True)
+    assert batch.num_rows == len(recs)
+    for name in ("prompt_ids", "completion_ids", "completion_logprobs"):
+        assert batch[name].to_pylist() == [list(getattr(r.tokens, name)) for r in recs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=4, unique=True).flatmap(
+        lambda ids: st.tuples(*[records(call_id=f"c{i}") for i in ids])
+    )
+)
+def test_to_batch_equals_the_pylist_conversion_for_any_records(recs: tuple[CallRecord, ...]) -> None:
+    assert to_batch(list(recs)).equals(_reference_batch(list(recs)), check_metadata=True)
+
+
+def test_turn_tokens_arrow_arrays_hold_the_ids() -> None:
+    tokens = TurnTokens([3, 2**31 - 1, 0], [7], [-0.25])  # type: ignore[arg-type]
+    prompt, completion, logprobs = tokens.arrow()
+    assert prompt.type == pa.int32() and prompt.to_pylist() == [3, 2**31 - 1, 0]
+    assert completion.to_pylist() == [7] and logprobs.type == pa.float32() and logprobs.to_pylist() == [-0.25]
+    assert tokens == TurnTokens((3, 2**31 - 1, 0), (7,), (-0.25,))  # the arrays are not part of equality
+    assert replace(tokens, completion_ids=(8,)).arrow()[1].to_pylist() == [8]  # replace re-packs
+
+
+def test_to_batch_refuses_a_value_that_does_not_fit_its_column() -> None:
+    with pytest.raises(ValueError, match="record does not fit the schema"):
+        to_batch([make_record(0, policy_version=2**63)])
+
+
 def test_from_row_rejects_another_schema_version() -> None:
     row = to_row(make_record(1)) | {"schema_version": SCHEMA_VERSION + 1}
     with pytest.raises(ValueError, match=f"schema version {SCHEMA_VERSION + 1}"):
         from_row(row)
-
-
-# ------------------------------------------------------------------------------------------------ JSON blobs
-
-
-@pytest.mark.parametrize("size", [0, 10, 300, 70_000, 2_000_000])
-def test_pack_json_round_trip_at_every_content_size_width(size: int) -> None:
-    value = {"text": "x" * size, "n": [1, 2.5, None, "é"]}
-    blob = pack_json(value)
-    assert blob[:4] == b"\x28\xb5\x2f\xfd"  # a standard zstd frame
-    assert unpack_json(blob) == value
-
-
-def test_pack_json_is_a_standard_zstd_frame() -> None:
-    """Any zstd decoder reads the column: the zstd tool itself decompresses a blob to the JSON text."""
-    out = subprocess.run(["zstd", "-dc"], input=pack_json({"b": [1, 2], "a": "é"}), capture_output=True, check=True)
-    assert out.stdout.decode() == '{"a":"é","b":[1,2]}'
-
-
-def test_unpack_json_rejects_non_zstd() -> None:
-    with pytest.raises(ValueError, match="not a zstd frame"):
-        unpack_json(b'{"a": 1}')
 
 
 # ------------------------------------------------------------------------------------------------ readers

@@ -1,0 +1,201 @@
+"""The JSON blobs of call records: one encoding, zstd packing, and a per-message cache that makes it O(new suffix).
+
+Contract
+--------
+* Every stored JSON blob (``request_canonical``, ``completion_canonical``) is :func:`dumps_json` text — sorted keys,
+  no spaces, UTF-8 as is, NaN refused — compressed by :func:`pack_json_text` as one standard zstd frame that records
+  its content size (``zstd -dc`` reads it). :func:`pack_json` is both steps; :func:`unpack_json` is the inverse.
+* :func:`plain` turns dataclasses (recursively) into JSON-compatible values: exactly what
+  ``dataclasses.asdict`` followed by tuples/sets -> lists and mapping keys -> ``str`` gives, without asdict's deep
+  copy of every leaf.
+* :class:`CanonicalJson` builds the text of a canonical request with each message's and tool's fragment cached by
+  value. Its output is always equal to ``dumps_json(plain(request))``; only the cost differs: a session resends its
+  whole history every call, and with the cache only the new messages are encoded.
+
+Nothing here imports mitmproxy. ``addon.records`` re-exports :func:`pack_json` / :func:`unpack_json`.
+
+Layout: encoding, packing, the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from typing import Any, Final
+
+import pyarrow as pa
+
+from converters.canonical import ToolSpec
+
+# ------------------------------------------------------------------------------------------------ encoding
+
+# The one encoding of every stored JSON blob: sorted keys, no spaces, UTF-8 as is, no NaN.
+_JSON: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dumps_json(value: Any) -> str:
+    """``value`` as :func:`pack_json` encodes it (dataclasses are not encoded: pass :func:`plain` of them)."""
+    return _JSON.encode(value)
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses (recursively) as JSON-compatible values: what ``dataclasses.asdict`` then tuples and sets to
+    lists and mapping keys to strings gives, without asdict's deep copy of every leaf."""
+    names = _dataclass_fields(type(value))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in value]
+    return value
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: a fixed set (the canonical model and builtins)
+
+
+def _dataclass_fields(cls: type) -> tuple[str, ...] | None:
+    """The field names of a dataclass type, None for any other type (memoised: this runs for every value)."""
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+        _FIELDS[cls] = names
+        return names
+
+
+# ------------------------------------------------------------------------------------------------ packing
+
+_ZSTD_MAGIC = 0xFD2FB528
+# Level 1, not 3: on a 128k-token session's request (760 KB of JSON) level 3 took 13.7 ms against 3.0 ms for 8%
+# fewer bytes (benchmarks/results/stage_costs.md); this runs on every call. Readers do not depend on the level.
+BLOB_ZSTD_LEVEL: Final = 1
+_codec = pa.Codec("zstd", compression_level=BLOB_ZSTD_LEVEL)
+
+
+def pack_json(value: Any) -> bytes:
+    """JSON-encode ``value`` and compress it as one zstd frame (with its content size, which unpack needs)."""
+    return pack_json_text(_JSON.encode(value))
+
+
+def pack_json_text(text: str) -> bytes:
+    """Compress JSON text made by :func:`dumps_json` or :class:`CanonicalJson` as :func:`pack_json` would."""
+    packed: bytes = _codec.compress(text.encode(), asbytes=True)
+    return packed
+
+
+def unpack_json(blob: bytes) -> Any:
+    """Inverse of :func:`pack_json`."""
+    size = _zstd_content_size(blob)
+    return json.loads(_codec.decompress(blob, decompressed_size=size, asbytes=True))
+
+
+def _zstd_content_size(blob: bytes) -> int:
+    """The frame content size from a zstd frame header (RFC 8878, 3.1.1.1); pyarrow's decompress needs it."""
+    if len(blob) < 6 or struct.unpack_from("<I", blob)[0] != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame")
+    descriptor = blob[4]
+    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    offset = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if fcs_size == 0:
+        raise ValueError("zstd frame does not record its content size")
+    size = int.from_bytes(blob[offset : offset + fcs_size], "little")
+    return size + 256 if fcs_size == 2 else size
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+
+
+class CanonicalJson:
+    """The JSON text of canonical requests with each message's and tool's fragment cached by value.
+
+    A session's calls resend the same history (freshly parsed objects, equal by value), so after the first call only
+    the new messages are encoded; the rest is hashing (C; each string caches its hash) and a join. The text is
+    exactly :func:`dumps_json` of :func:`plain` of the request, so readers see no difference.
+
+    Why a value key is safe although Python's ``==`` says ``1 == 1.0 == True`` where JSON does not: the canonical
+    model's typed fields hold their declared types (the parsers check them), and its JSON-ish mappings
+    (``ProviderState.data``, ``ToolSpec.parameters``) hash through ``json.dumps``, which tells those apart; dict
+    lookups compare hashes before ``==``. ``ToolSpec.__hash__`` leaves out ``tools`` and ``provider_state``, so a
+    tool's key adds them (:func:`_key`).
+
+    The cache is LRU, bounded by ``max_chars`` of cached text (a value over an eighth of it is encoded but not kept,
+    so one huge value cannot flush a session's working set); the keys, the messages themselves, hold about as much
+    again. The default, 32 M characters, holds the histories of ~40 sessions at 128k tokens or ~250 at 20k; past
+    that, interleaved sessions evict each other and the cost goes back to encoding whole requests (never a wrong
+    text). Thread-safe: records are built in worker threads.
+    """
+
+    CACHED_FIELDS: Final = ("messages", "tools")
+
+    def __init__(self, max_chars: int = 32 << 20) -> None:
+        if max_chars < 1:
+            raise ValueError(f"CanonicalJson max_chars must be at least 1, got {max_chars}")
+        self.max_chars = max_chars
+        self._cache: OrderedDict[Hashable, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def request(self, request: Any) -> str:
+        """JSON text of a dataclass whose ``messages`` / ``tools`` tuples are encoded element by element, cached."""
+        names = _dataclass_fields(type(request))
+        if names is None:
+            raise TypeError(f"CanonicalJson.request needs a dataclass, got {type(request).__name__}")
+        out = []
+        for name in sorted(names):  # what sort_keys does to the top-level object
+            value = getattr(request, name)
+            if name in self.CACHED_FIELDS and isinstance(value, tuple):
+                text = "[" + ",".join(map(self.fragment, value)) + "]"
+            else:
+                text = _JSON.encode(plain(value))
+            out.append(f"{_JSON.encode(name)}:{text}")
+        return "{" + ",".join(out) + "}"
+
+    def fragment(self, value: Any) -> str:
+        """``dumps_json(plain(value))``, from the cache when an equal value was encoded before."""
+        try:
+            key = _key(value)
+            hash(key)
+        except TypeError:  # an unhashable value (a list somewhere inside): encode it, do not cache it
+            return _JSON.encode(plain(value))
+        with self._lock:
+            text = self._cache.get(key)
+            if text is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return text
+            self.misses += 1
+        text = _JSON.encode(plain(value))
+        if len(text) <= self.max_chars // 8:
+            with self._lock:
+                if key not in self._cache:  # another thread may have encoded the same value meanwhile
+                    self._cache[key] = text
+                    self._chars += len(text)
+                while self._chars > self.max_chars:
+                    self._chars -= len(self._cache.popitem(last=False)[1])
+        return text
+
+    @property
+    def cached_chars(self) -> int:
+        return self._chars
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def _key(value: Any) -> Hashable:
+    """The cache key of a value: the value itself, plus what its own hash leaves out (nested tools, provider
+    state of a :class:`ToolSpec`), so that two keys that compare equal always encode to the same text."""
+    if isinstance(value, ToolSpec):
+        return (value, tuple(_key(t) for t in value.tools), value.provider_state)
+    return value
+
+
+__all__ = ["CanonicalJson", "dumps_json", "pack_json", "pack_json_text", "plain", "unpack_json"]
