@@ -10,22 +10,38 @@ Contract
   session), ``x-harnessrl-path`` (original path and query) and ``x-harnessrl-call-id``. The answer is whatever the
   :class:`~addon.generate.Generator` writes, in the caller's wire format.
 * ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
-  flushes a session's records into shards; ``GET /_harnessrl/admin/stats`` — calls/s, p50/p99 overhead, errors;
+  flushes a session's records into shards and frees its prefix graph; ``GET /_harnessrl/admin/stats`` — calls/s,
+  p50/p99 overhead, errors and the event loop's health (``loop``);
   ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights.
 
 Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
+
+Lifecycle: a client that goes away cancels its handler (aiohttp's ``handler_cancellation``), so a call still
+waiting for the engine's first token stops there and releases its engine request. :meth:`InternalServer.stop`
+stops accepting, gives in-flight calls ``shutdown_grace_s`` to finish, then cancels the rest and waits (again at
+most ``shutdown_grace_s``) while they record themselves as incomplete, so the record store closes cleanly after it
+and well before the launcher's kill. The listen backlog is :data:`LISTEN_BACKLOG`: mitmproxy opens a connection here per
+client connection, and bursts past aiohttp's default of 128 overflow the kernel's accept queue while the event
+loop is busy (the dropped connects then wait for SYN retransmits, 1 s, 3 s, 7 s ...).
+
+Health of the event loop: :class:`LoopMonitor` runs while the server does and the stats route reports it under
+``"loop"``: the worst and recent lateness of the loop's wake-ups and the longest garbage-collector pause. Every
+call of this process (mitmproxy's TLS, rendering, the engine client's timers) shares this one loop, so a lag of
+seconds turns into client-visible timeouts (the engine connect timeout is 5 s); the soak reports these figures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
@@ -42,6 +58,67 @@ HEADER_SESSION = "x-harnessrl-session"
 HEADER_PATH = "x-harnessrl-path"
 HEADER_CALL_ID = "x-harnessrl-call-id"
 INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID)
+LISTEN_BACKLOG = 4096  # Linux's default somaxconn caps it
+SHUTDOWN_GRACE_S = 5.0  # aiohttp's default (60 s) outlasted ProxyHandle.stop's 20 s, so the store never closed
+
+
+class LoopMonitor:
+    """How late this event loop wakes up (sampled every ``every`` s) and how long the collector's pauses are.
+
+    Lag is measured as the extra time an ``asyncio.sleep(every)`` took; a pause of the collector blocks the loop
+    too, and is timed separately through :data:`gc.callbacks` (per generation, worst and total)."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        self.every = every
+        self.lag_max_s = 0.0
+        self.lags_over_1s = 0
+        self._recent: list[float] = []  # the last minute's samples
+        self.gc_max_s = [0.0, 0.0, 0.0]
+        self.gc_total_s = 0.0
+        self._gc_t0 = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        gc.callbacks.append(self._on_gc)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_t0
+        generation = info.get("generation", 2)
+        self.gc_max_s[generation] = max(self.gc_max_s[generation], pause)
+        self.gc_total_s += pause
+
+    async def _run(self) -> None:
+        window = max(1, int(60 / self.every))
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(self.every)
+            lag = time.monotonic() - t0 - self.every
+            self.lag_max_s = max(self.lag_max_s, lag)
+            self.lags_over_1s += lag > 1.0
+            self._recent.append(lag)
+            del self._recent[:-window]
+
+    def snapshot(self) -> dict[str, Any]:
+        recent = sorted(self._recent)
+        p99 = recent[min(len(recent) - 1, int(0.99 * len(recent)))] if recent else 0.0
+        return {
+            "lag_max_s": round(self.lag_max_s, 3),
+            "lag_p99_last_60s": round(p99, 3),
+            "lags_over_1s": self.lags_over_1s,
+            "gc_max_s": [round(x, 3) for x in self.gc_max_s],
+            "gc_total_s": round(self.gc_total_s, 2),
+        }
 
 
 class _Sink:
@@ -81,8 +158,10 @@ class InternalServer:
         max_body: int,
         flush_session=None,
         set_policy_version=None,
+        shutdown_grace_s: float = SHUTDOWN_GRACE_S,
     ) -> None:
         self.generator = generator
+        self.shutdown_grace_s = shutdown_grace_s
         self.sessions = sessions
         self.stats = stats
         self.run_id = run_id
@@ -95,20 +174,40 @@ class InternalServer:
         self.app.router.add_get("/_harnessrl/admin/stats", self._stats)
         self.app.router.add_post("/_harnessrl/admin/policy_version", self._policy_version)
         self._runner: web.AppRunner | None = None
+        self._calls: set[asyncio.Task] = set()  # handlers of calls in flight, for a bounded shutdown
+        self.loop_monitor = LoopMonitor()
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,  # a client that gives up stops its call, also one waiting on the engine
+            shutdown_timeout=self.shutdown_grace_s,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, backlog=LISTEN_BACKLOG)
         await site.start()
         self.port = int(self._runner.addresses[0][1])  # the bound port, also when 0 asked for any
+        self.loop_monitor.start()
         return self.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._runner is None:
+            return
+        self.loop_monitor.stop()
+        for site in list(self._runner.sites):
+            await site.stop()  # no new connections
+        calls = set(self._calls)
+        if calls:
+            _, pending = await asyncio.wait(calls, timeout=self.shutdown_grace_s)
+            for task in pending:
+                task.cancel()  # the generator records such a call as incomplete (client_disconnected)
+            if pending:
+                await asyncio.wait(pending, timeout=self.shutdown_grace_s)
+        await self._runner.cleanup()
+        self._runner = None
 
     async def _call(self, request: web.Request) -> web.StreamResponse:
         received = datetime.now(UTC)
@@ -132,6 +231,9 @@ class InternalServer:
             call_id=request.headers.get(HEADER_CALL_ID) or uuid.uuid4().hex,
         )
         sink = _Sink(request)
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.add(task)
         try:
             await self.generator.handle(info, body, sink)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -142,6 +244,9 @@ class InternalServer:
             self.stats.error("internal")
             if sink.response is None:
                 return web.json_response({"error": {"message": "internal proxy error"}}, status=500)
+        finally:
+            if task is not None:
+                self._calls.discard(task)
         assert sink.response is not None
         return sink.response
 
@@ -172,7 +277,7 @@ class InternalServer:
         return web.json_response({"version": version})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats.snapshot())
+        return web.json_response(self.stats.snapshot() | {"loop": self.loop_monitor.snapshot()})
 
 
 # (pattern on the User-Agent, harness name). The version is the first dotted number after the match. Some harnesses

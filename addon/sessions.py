@@ -15,13 +15,16 @@ A call nobody attributes goes to the session ``unattributed`` and is flagged. Th
 (``x-claude-code-session-id``, ``session-id``, ``prompt_cache_key`` …) are recorded by the converters, never used here.
 
 :class:`SessionRegistry` keeps per-session call counts, token counts and start time, and decides budget stops. It is
-used only from the event loop (no locks); record I/O happens elsewhere.
+used only from the event loop (no locks); record I/O happens elsewhere. ``close(id)`` (the collector's
+``POST .../sessions/{id}/close``) marks the session closed and runs the ``on_close`` callbacks (the generator
+forgets the session's prefix graph there); a closed session that calls again is served as a new one would be
+(its counters go on; its next prompt is rendered in full).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -107,6 +110,11 @@ class SessionRegistry:
         self.budget = budget
         self._clock = clock
         self._sessions: dict[str, SessionState] = {}
+        self._on_close: list[Callable[[str], object]] = []
+
+    def on_close(self, callback: Callable[[str], object]) -> None:
+        """Call ``callback(session_id)`` whenever a session is closed (to free what is kept per session)."""
+        self._on_close.append(callback)
 
     def get(self, session_id: str) -> SessionState:
         state = self._sessions.get(session_id)
@@ -136,6 +144,8 @@ class SessionRegistry:
         state = self._sessions.get(session_id)
         if state is not None:
             state.closed = True
+        for callback in self._on_close:
+            callback(session_id)
         return state
 
     def snapshot(self) -> list[SessionState]:

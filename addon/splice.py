@@ -5,7 +5,8 @@ Contract
 Sans-IO and synchronous. One :class:`SessionState` per session holds a node per recorded call; the caller holds
 ``state.lock`` around :func:`plan` and around :func:`record` (they may run in a worker thread; the lock is not
 held while the engine generates). :class:`SessionGraphs` maps session ids to states and evicts them by idle time
-and by a cap on the token ids held. Build one :class:`SpliceRenderer` per :class:`~addon.render.PromptRenderer`.
+and by a cap on the token ids held. Those three live in :mod:`addon.session_graph` (re-exported here). Build one
+:class:`SpliceRenderer` per :class:`~addon.render.PromptRenderer`.
 
 ``plan(state, request, splicer)`` finds the *parent*: the most recent earlier call (same leading instructions,
 same tools) whose request messages followed by the assistant message the proxy returned
@@ -41,19 +42,21 @@ it most likely replaces or follows (the matched call for ``reasoning_dropped`` /
 reason never means "extends"; the first call has neither (``CallRecord`` allows a fork reason only with a parent).
 A retry (the same messages as an earlier call) is a sibling: that call's prompt ids, parent and reason again.
 
-Memory is linear in a session's length: a node's prompt ids are dropped once a call extends it (they are the head
-of the child's prompt), and its messages then point at the child's (one copy of the history per session).
+Memory is linear in a session's length (see :mod:`addon.session_graph`: one copy of the history and of the prompt
+ids per session, packed); :class:`SplicePlan` still hands out tuples of ints. :meth:`SessionGraphs.drop` forgets a
+session when the collector closes it; a closed session that sends again starts a new graph (its next call renders
+in full).
 Correctness property (tested): with an append-only template and sampled ids equal to the tokenisation of the
 turn's text plus the end-of-turn id, the spliced ids equal a fresh render of the conversation.
 
-Organisation: reasons, config and plan; canonical keys and the shared context; nodes and session state; the
-template probe (:class:`SpliceRenderer`); :func:`plan` and :func:`record`.
+Organisation: reasons, config and plan; canonical keys and the shared context; the template probe
+(:class:`SpliceRenderer`); :func:`plan` and :func:`record`.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -68,6 +71,7 @@ from addon.render import (
     convert_message,
     render_messages,
 )
+from addon.session_graph import CallNode, SessionGraphs, SessionState
 from converters.canonical import (
     Completion,
     FinishReason,
@@ -116,6 +120,9 @@ class SplicePlan:
     mode: ToolMode
     tool_kinds: tuple[tuple[str, CallKind], ...]
     retry_of: str | None = None  # a sibling: the earlier call with the same messages
+    # The same ids already packed, when splicing built them so: the session graph holds this array instead of
+    # packing the tuple again (an O(prompt) pass per call). Never kept on a graph node's plan (memory).
+    packed: array[int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def fork_reason(self) -> ForkReason | None:
@@ -239,126 +246,6 @@ class Context:
         return head
 
 
-# --------------------------------------------------------------------------------------------- session state
-
-
-@dataclass(frozen=True)
-class CallNode:
-    call_id: str
-    messages: tuple[Message, ...]  # the request's messages, as parsed
-    assistant: Message  # what the proxy returned (assistant_message of the completion)
-    context: Context
-    prompt_len: int  # the prompt ids live in the session state (see SessionState.prompt_ids)
-    completion_ids: tuple[int, ...]
-    finish_reason: FinishReason | None  # "length": the sampled ids lack the end-of-turn token
-    plan: SplicePlan  # as planned, with prompt_ids left out
-
-    @property
-    def auxiliary(self) -> bool:
-        return self.plan.reason == "auxiliary"
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_len + len(self.completion_ids)
-
-
-@dataclass
-class SessionState:
-    """One session's graph. Hold ``lock`` around :func:`plan` and :func:`record`.
-
-    Memory stays linear in the session's length: a node's prompt ids are kept only until a call extends it; then
-    they are the head of that child's prompt (and are sliced from it in the rare case they are needed again).
-    """
-
-    session_id: str
-    last_used: float = 0.0
-    nodes: list[CallNode] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)  # nodes not extended yet
-    _extended_by: dict[str, str] = field(default_factory=dict, repr=False)  # node -> a child that extends it
-
-    def node(self, call_id: str) -> CallNode | None:
-        return next((n for n in reversed(self.nodes) if n.call_id == call_id), None)
-
-    def prompt_ids(self, node: CallNode) -> tuple[int, ...]:
-        call_id = node.call_id
-        while call_id not in self._ids:
-            call_id = self._extended_by[call_id]
-        ids = self._ids[call_id]
-        return ids if len(ids) == node.prompt_len else ids[: node.prompt_len]
-
-    def add(self, node: CallNode, prompt_ids: tuple[int, ...]) -> None:
-        if self.node(node.call_id) is not None:
-            raise ValueError(f"call {node.call_id} is already in session {self.session_id}")
-        self.nodes.append(node)
-        self._ids[node.call_id] = prompt_ids
-        parent = node.plan.parent_call_id
-        if node.plan.reason == "extends" and parent is not None:
-            self._share_history(parent, node)
-            if parent not in self._extended_by:
-                self._extended_by[parent] = node.call_id
-                self._ids.pop(parent, None)
-
-    def _share_history(self, parent_id: str, child: CallNode) -> None:
-        """The child extends the parent, so :func:`plan` found the parent's messages equal (by :func:`message_key`,
-        all that matching reads) to the child's first ones: point the parent — and every node sharing its message
-        objects, its ancestors — at the child's objects. A session then holds one copy of its history, not one per
-        call (each request is parsed anew; found by benchmarks/soak.py, whose memory grew with the square of the
-        session length). Identity checks keep this O(nodes) per call; the records keep what each call was sent."""
-        parent = self.node(parent_id)
-        assert parent is not None
-        old, head = parent.messages, child.messages[: len(parent.messages)]
-        if len(head) != len(old):
-            return
-        for k, n in enumerate(self.nodes):
-            m = n.messages
-            if m and len(m) <= len(old) and m[-1] is old[len(m) - 1]:
-                self.nodes[k] = replace(n, messages=head[: len(m)])
-
-    @property
-    def tokens_held(self) -> int:
-        unique = {id(ids): len(ids) for ids in self._ids.values()}  # a retry shares its sibling's tuple
-        return sum(unique.values()) + sum(len(n.completion_ids) for n in self.nodes)
-
-
-class SessionGraphs:
-    """Session id -> :class:`SessionState`, evicted after ``idle_s`` unused or, least recently used first, while
-    more than ``max_tokens`` token ids are held in all."""
-
-    def __init__(self, *, idle_s: float = 3600.0, max_tokens: int = 20_000_000) -> None:
-        self.idle_s = idle_s
-        self.max_tokens = max_tokens
-        self._states: dict[str, SessionState] = {}
-        self._lock = threading.Lock()
-
-    def get(self, session_id: str, now: float) -> SessionState:
-        with self._lock:
-            state = self._states.get(session_id)
-            if state is None:
-                state = self._states[session_id] = SessionState(session_id)
-            state.last_used = now
-            return state
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def evict(self, now: float) -> list[str]:
-        """Drop idle sessions, then the least recently used until under the cap; returns the evicted ids."""
-        with self._lock:
-            gone = [sid for sid, s in self._states.items() if now - s.last_used > self.idle_s]
-            for sid in gone:
-                del self._states[sid]
-            held = {sid: s.tokens_held for sid, s in self._states.items()}
-            total = sum(held.values())
-            for sid in sorted(self._states, key=lambda k: self._states[k].last_used):
-                if total <= self.max_tokens:
-                    break
-                total -= held[sid]
-                del self._states[sid]
-                gone.append(sid)
-            return gone
-
-
 # --------------------------------------------------------------------------------------------- template probe
 
 _MARK = "splice_probe_q7"
@@ -455,14 +342,14 @@ def plan(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, *,
             continue
         match = _match(node, request.messages, splicer)
         if match == "retry":
-            return replace(node.plan, prompt_ids=state.prompt_ids(node), retry_of=node.call_id)
+            return replace(node.plan, prompt_ids=state.prompt_ids(node), retry_of=node.call_id, packed=None)
         if match == "extends":
             if not node.completion_ids:
                 continue  # nothing was sampled (a budget stop's canned answer): no ids stand for the turn
             if node.finish_reason == "length" and splicer.config.length_policy == "fork":
                 near = near or ("length_cut", node)
                 continue
-            spliced = _splice(node, state.prompt_ids(node), request, splicer)
+            spliced = _splice(node, state.packed_ids(node), request, splicer)
             if spliced is not None:
                 return spliced
             near = near or ("template_not_prefix", node)
@@ -497,7 +384,7 @@ def _match(
 
 
 def _splice(
-    node: CallNode, prompt_ids: tuple[int, ...], request: ModelRequest, splicer: SpliceRenderer
+    node: CallNode, prompt_ids: array[int], request: ModelRequest, splicer: SpliceRenderer
 ) -> SplicePlan | None:
     """Extend ``node``: its ids, then the tokenised suffix; None when the template check fails."""
     head = node.context.head(splicer, request)
@@ -527,8 +414,8 @@ def _splice(
     glue = splicer.close_rest if ended and splicer.close_rest is not None else splicer.close_text
     suffix = glue + full[len(closed) :]
     kinds = tuple((t.name, _kind(t)) for t in head.offered)
-    ids = prompt_ids + (node.completion_ids + splicer.renderer.encode(suffix))  # one copy of the long part
-    return SplicePlan(ids, "extends", node.call_id, node.tokens, suffix, head.mode, kinds)
+    packed = prompt_ids + array("i", node.completion_ids + splicer.renderer.encode(suffix))  # one copy of the long part
+    return SplicePlan(tuple(packed), "extends", node.call_id, node.tokens, suffix, head.mode, kinds, packed=packed)
 
 
 def _root(request: ModelRequest, splicer: SpliceRenderer, reason: ForkReason, parent: CallNode | None) -> SplicePlan:
@@ -569,7 +456,28 @@ def record(
         prompt_len=len(plan.prompt_ids),
         completion_ids=tuple(completion_ids),
         finish_reason=finish_reason,
-        plan=replace(plan, prompt_ids=()),
+        plan=replace(plan, prompt_ids=(), packed=None),
     )
-    state.add(node, plan.prompt_ids)
+    packed = plan.packed if plan.packed is not None and len(plan.packed) == len(plan.prompt_ids) else None
+    state.add(node, packed if packed is not None else plan.prompt_ids)
     return node
+
+
+__all__ = [
+    "FORK_REASONS",
+    "CallNode",
+    "Context",
+    "ForkReason",
+    "SessionGraphs",
+    "SessionState",
+    "SpliceConfig",
+    "SplicePlan",
+    "SpliceReason",
+    "SpliceRenderer",
+    "assistant_key",
+    "assistant_message",
+    "message_key",
+    "plan",
+    "record",
+    "same_message",
+]

@@ -17,8 +17,15 @@ Contract
 * ``POST /v1/chat/completions`` with ``return_token_ids`` (OpenEnv's capture server's upstream call): vLLM's
   non-streamed chat answer with ``prompt_token_ids`` (fake ids, prefix-consistent across turns), ``token_ids`` and
   ``logprobs.content``.
-* Faults (``POST /_fake/faults``, JSON :class:`Faults`; ``GET /_fake/stats``): delay the first token, answer an
-  HTTP error, drop the connection after k tokens, or hang — for the next ``calls`` completions (-1: all).
+* Faults (``POST /_fake/faults``, JSON :class:`Faults`): delay the first token, answer an HTTP error, drop the
+  connection after k tokens, or hang — for the next ``calls`` completions (-1: all). As vLLM does, a request whose
+  client went away is aborted (also while delayed or hanging) and counted as ``aborted``.
+* ``GET /_fake/stats``: calls, in flight, aborted, and the engine's own view of load (:class:`LoadMonitor`): the
+  event loop's worst lag, the longest accept queue seen on its listening socket (``/proc/net/tcp``) against its
+  backlog, and the kernel's listen-overflow counter since start (system wide) — to tell a starved engine from a
+  proxy fault.
+* The CLI listens with a backlog of :data:`LISTEN_BACKLOG` (aiohttp's default of 128 overflowed under the soak's
+  hundreds of sessions: the kernel drops the connects, which wait 1 s, 3 s, 7 s for SYN retransmits).
 
 CLI: ``python benchmarks/fake_engine.py --model-dir D [--port P] [--token-rate R] [--tokens N]`` prints its URL.
 :func:`spawn` starts it as a subprocess (its own process group) and returns a :class:`FakeEngineProcess`.
@@ -63,6 +70,7 @@ from converters.canonical import (  # noqa: E402
 )
 
 SERVED = "fake-engine"
+LISTEN_BACKLOG = 4096  # vLLM's uvicorn listens with 2048; Linux's default somaxconn (4096) caps it
 _CALLS = (("read_file", "path", "src/module_{i}.py"), ("bash", "command", "pytest -x tests/test_{i}.py"))
 
 
@@ -99,6 +107,9 @@ class FakeEngine:
     active: int = 0
     peak_active: int = 0  # most completions in flight at once
     prompt_tokens: int = 0
+    aborted: int = 0  # completions whose client went away before the answer ended
+    port: int = 0  # the listening port, for the load monitor (0: not monitored)
+    monitor: LoadMonitor = field(default_factory=lambda: LoadMonitor(0))
 
     @classmethod
     def build(cls, model_dir: str | Path, tokens: int = 64, **kw: Any) -> FakeEngine:
@@ -124,8 +135,21 @@ class FakeEngine:
         if self.token_rate > 0 and tokens:
             await asyncio.sleep(tokens / self.token_rate)
 
+    async def wait(self, request: web.Request, seconds: float) -> bool:
+        """Sleep ``seconds`` unless the client goes away first (then False): vLLM aborts such a request."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if request.transport is None or request.transport.is_closing():
+                return False
+            await asyncio.sleep(min(left, 0.05))
+        return True
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 30)
+        if self.port:
+            self.monitor = LoadMonitor(self.port)
+            app.on_startup.append(self.monitor.start)
+            app.on_cleanup.append(self.monitor.stop)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/weight_info", self._weight_info)
@@ -156,8 +180,8 @@ class FakeEngine:
         return web.json_response(asdict(self.faults))
 
     async def _stats(self, _: web.Request) -> web.Response:
-        stats = {"calls": self.calls, "active": self.active, "peak_active": self.peak_active}
-        return web.json_response(stats | {"prompt_tokens": self.prompt_tokens})
+        stats = {"calls": self.calls, "active": self.active, "peak_active": self.peak_active, "aborted": self.aborted}
+        return web.json_response(stats | {"prompt_tokens": self.prompt_tokens} | self.monitor.snapshot())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -176,12 +200,16 @@ class FakeEngine:
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
         try:
-            if fault:
-                await asyncio.sleep(1e9 if fault.hang else fault.delay_s)
+            if fault and not await self.wait(request, 1e9 if fault.hang else fault.delay_s):
+                self.aborted += 1
+                return web.Response(status=499)  # nobody reads it: the client is gone
             if not body.get("stream"):
                 await self.pace(n)
                 return web.json_response(_completion_body(answer, n, len(prompt)))
             return await self._stream(request, answer, n, len(prompt), fault.drop_after if fault else -1)
+        except (ConnectionResetError, asyncio.CancelledError):  # the client went away (cancelled: when served so)
+            self.aborted += 1
+            raise
         finally:
             self.active -= 1
 
@@ -263,6 +291,69 @@ class FakeEngine:
             return resp
 
         return handler
+
+
+class LoadMonitor:
+    """The engine's own view of its load, sampled on its event loop every ``every`` s: how late the loop wakes
+    (a starved process), the longest accept queue on its listening socket, and the kernel's ListenOverflows
+    counter (system wide: other processes' overflows count too) since the monitor started."""
+
+    def __init__(self, port: int, every: float = 0.5) -> None:
+        self.port, self.every = port, every
+        self.loop_lag_max_s = 0.0
+        self.accept_queue_max = 0
+        self._overflows_at_start = listen_overflows()
+        self._task: asyncio.Task | None = None
+
+    async def start(self, _: web.Application) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self, _: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(self.every)
+            self.loop_lag_max_s = max(self.loop_lag_max_s, time.monotonic() - t0 - self.every)
+            self.accept_queue_max = max(self.accept_queue_max, accept_queue(self.port))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "backlog": LISTEN_BACKLOG,
+            "loop_lag_max_s": round(self.loop_lag_max_s, 3),
+            "accept_queue_max": self.accept_queue_max,
+            "listen_overflows_system": listen_overflows() - self._overflows_at_start,
+        }
+
+
+def accept_queue(port: int) -> int:
+    """Connections waiting in the accept queue of the IPv4 socket listening on ``port`` (0 when unknown)."""
+    want = f":{port:04X}"
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[1].endswith(want) and fields[3] == "0A":  # local address, state LISTEN
+                    return int(fields[4].split(":")[1], 16)  # rx_queue of a listener: its accept queue
+    except OSError:
+        pass
+    return 0
+
+
+def listen_overflows() -> int:
+    """The kernel's TcpExt ListenOverflows: connects dropped because an accept queue was full (0 when unknown)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return 0
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            return int(table.get("ListenOverflows", 0))
+    return 0
 
 
 def _answer(tok: Any, eot: int, i: int, tokens: int) -> Answer:
@@ -400,9 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per answer")
     ap.add_argument("--max-model-len", type=int, default=262_144)
     args = ap.parse_args(argv)
-    engine = FakeEngine.build(args.model_dir, args.tokens, token_rate=args.token_rate, max_model_len=args.max_model_len)
+    engine = FakeEngine.build(
+        args.model_dir, args.tokens, token_rate=args.token_rate, max_model_len=args.max_model_len, port=args.port
+    )
     print(f"http://127.0.0.1:{args.port}", flush=True)
-    web.run_app(engine.app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    app = engine.app()
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=LISTEN_BACKLOG)
     return 0
 
 

@@ -11,7 +11,9 @@ Contract
   each harness is its own process). Each session is a tool loop: the next request is the history plus the assistant
   turn the client actually read from the stream plus the script's tool results. With ``duration_s`` a slot starts a
   fresh session whenever one ends, until the time is up (load and soak). A failed call is retried after its
-  ``retry-after`` (at most ``retries`` times), as harnesses do.
+  ``retry-after`` (at most ``retries`` times), as harnesses do. With ``close_sessions`` each session that reached
+  a proxy is closed through the proxy's admin route when it ends (``POST .../sessions/{id}/close``), as
+  ``tasks/collect.py`` does after each episode; ``ReplayLog.closed`` / ``close_errors`` count them.
 * Every attempt is one :class:`CallLog` (the replayer's own truth): status, time to first byte, total time, whether
   the stream completed, and the fingerprint of the answer (text + tool call ids, ids unique per completion).
 * :func:`verify` reads the shards and checks: every call a client saw complete is in exactly one row, of that
@@ -99,6 +101,8 @@ class ReplayLog:
     calls: list[CallLog] = field(default_factory=list)
     wall_s: float = 0.0
     sessions: int = 0
+    closed: int = 0  # sessions closed through the admin route (close_sessions)
+    close_errors: list[str] = field(default_factory=list)
 
     def completed(self) -> list[CallLog]:
         return [c for c in self.calls if c.complete]
@@ -180,6 +184,27 @@ async def send(client: _Client, call: WireCall, session: str, index: int, attemp
     return log, reply, retry
 
 
+def _admin_port(target: Target, slot: int) -> int | None:
+    if isinstance(target, Internal):
+        return target.proxy.admin_port
+    if isinstance(target, Proxied):
+        return target.proxies[slot % len(target.proxies)].admin_port
+    return None
+
+
+async def close_session(admin: httpx.AsyncClient, target: Target, session: str, slot: int, log: ReplayLog) -> None:
+    """Close ``session`` on the proxy that served it, as the collector does when a harness's episode ends."""
+    port = _admin_port(target, slot)
+    if port is None:
+        return
+    try:
+        r = await admin.post(f"http://127.0.0.1:{port}/_harnessrl/admin/sessions/{session}/close")
+        r.raise_for_status()
+        log.closed += 1
+    except httpx.HTTPError as e:
+        log.close_errors.append(f"{session}: {type(e).__name__}: {e}"[:200])
+
+
 async def run_session(
     target: Target,
     script: SessionScript,
@@ -190,9 +215,12 @@ async def run_session(
     retries: int = 3,
     timeout: float = 600.0,
     deadline: float | None = None,
+    admin: httpx.AsyncClient | None = None,
 ) -> None:
+    """One session's tool loop; closed through ``admin`` when given and at least one call was sent."""
     conv = Conversation(script)
     client = _client(target, script.session_id, slot, contexts, timeout)
+    sent = False
     try:
         for i in range(script.calls):
             if deadline is not None and time.monotonic() > deadline:
@@ -200,6 +228,7 @@ async def run_session(
             call = conv.wire()
             for attempt in range(retries + 1):
                 entry, reply, retry = await send(client, call, script.session_id, i, attempt)
+                sent = True
                 log.calls.append(entry)
                 if entry.complete:
                     break
@@ -209,6 +238,8 @@ async def run_session(
             conv.extend(reply, i)
     finally:
         await client.http.aclose()
+        if admin is not None and sent:
+            await close_session(admin, target, script.session_id, slot, log)
 
 
 async def replay(
@@ -220,9 +251,11 @@ async def replay(
     duration_s: float | None = None,
     retries: int = 3,
     timeout: float = 600.0,
+    close_sessions: bool = False,
 ) -> ReplayLog:
     """Run ``scripts`` (all of them, ``concurrency`` at a time), or, with ``duration_s``, keep ``concurrency``
-    sessions going from ``make(i) -> SessionScript`` until the time is up."""
+    sessions going from ``make(i) -> SessionScript`` until the time is up. ``close_sessions``: close each session
+    on its proxy when it ends (the collector's way)."""
     contexts = [h.ssl_context() for h in target.proxies] if isinstance(target, Proxied) else []
     log = ReplayLog(sessions=0)
     deadline = time.monotonic() + duration_s if duration_s else None
@@ -241,10 +274,14 @@ async def replay(
             else:
                 return
             log.sessions += 1
-            await run_session(target, script, slot, contexts, log, retries=retries, timeout=timeout, deadline=deadline)
+            await run_session(
+                target, script, slot, contexts, log, retries=retries, timeout=timeout, deadline=deadline, admin=admin
+            )
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker(s) for s in range(concurrency)))
+    async with httpx.AsyncClient(timeout=120.0) as admin_client:
+        admin = admin_client if close_sessions else None
+        await asyncio.gather(*(worker(s) for s in range(concurrency)))
     log.wall_s = time.perf_counter() - t0
     return log
 

@@ -7,7 +7,16 @@ Contract
 ends), samples the mitmdump process's RSS every ``sample_s``, stops the proxy (flushing its records) and returns a
 :class:`SoakResult`: calls, errors (any non-complete call: none is injected here, so the target is zero), the
 shard check (:func:`benchmarks.replayer.verify`: lost / duplicated / misattributed calls), and the RSS slope in
-MiB per minute over the second half of the run (after warm-up), with the RSS at start and end.
+MiB per minute over the second half of the run (after warm-up), with the RSS at start and end. Each session is
+closed through the proxy's admin route when it ends, as ``tasks/collect.py`` does (that frees its prefix graph).
+
+To tell a starved machine from a proxy fault the result also carries the load average (start, highest sampled,
+end), the fake engine's own view (:class:`benchmarks.fake_engine.LoadMonitor`: event-loop lag, accept queue,
+listen overflows; requests aborted by their client), the proxy's own admin stats at the end (``proxy``: calls,
+errors by kind, overhead, and under ``loop`` its event loop's worst lag and garbage-collector pauses — every call
+of the proxy shares that loop, so its lag is what its timers, the engine connect timeout among them, see), the
+longest accept queue seen on the proxy's two listening sockets, how long the proxy took to stop and how many rows
+it left in its write-ahead log (0: the store closed cleanly).
 
 CLI (the long form): ``python benchmarks/soak.py --model-dir D [--sessions 384] [--seconds 600]`` prints the
 result and writes ``benchmarks/results/soak.md``. The short form is ``tests/test_soak.py``.
@@ -22,8 +31,10 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+import urllib.request
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -31,7 +42,8 @@ if str(ROOT) not in sys.path:
 
 from addon import launch  # noqa: E402
 from benchmarks import fake_engine, tree  # noqa: E402
-from benchmarks.replayer import Proxied, Verdict, replay, summary, verify  # noqa: E402
+from benchmarks.fake_engine import accept_queue  # noqa: E402
+from benchmarks.replayer import Proxied, Verdict, recover, replay, summary, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, make_script  # noqa: E402
 
 
@@ -50,10 +62,18 @@ class SoakResult:
     summary: dict[str, float]
     load: tuple[float, float, float]
     error_examples: tuple[str, ...] = ()  # a few failed calls' full answers, to see why
+    closed_sessions: int = 0
+    close_errors: int = 0
+    load_1min: tuple[float, float, float] = (0.0, 0.0, 0.0)  # start, highest sampled, end
+    engine: dict[str, Any] = field(default_factory=dict)  # the fake engine's /_fake/stats at the end
+    proxy: dict[str, Any] = field(default_factory=dict)  # the proxy's admin stats at the end (its "loop" health)
+    proxy_accept_queue_max: dict[str, int] = field(default_factory=dict)  # mitmproxy's and the internal server's
+    stop_s: float = 0.0
+    wal_rows_left: int = 0  # rows the stopped proxy left in its write-ahead log (recovered before the check)
 
     @property
     def ok(self) -> bool:
-        return self.verdict.ok and not self.errors
+        return self.verdict.ok and not self.errors and not self.close_errors
 
 
 def slope_per_min(points: list[tuple[float, float]]) -> float:
@@ -68,17 +88,31 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
 
 
 class _Sampler(threading.Thread):
-    def __init__(self, pid: int, every: float) -> None:
+    """RSS of ``pid``, the 1-minute load average and the accept queues of ``ports``, every ``every`` s."""
+
+    def __init__(self, pid: int, every: float, ports: dict[str, int]) -> None:
         super().__init__(daemon=True)
-        self.pid, self.every = pid, every
+        self.pid, self.every, self.ports = pid, every, ports
         self.points: list[tuple[float, float]] = []
+        self.loads: list[float] = []
+        self.queues = dict.fromkeys(ports, 0)
         self.halt = threading.Event()
 
     def run(self) -> None:
         t0 = time.monotonic()
         while not self.halt.is_set():
             self.points.append((time.monotonic() - t0, tree.rss_bytes(self.pid) / 2**20))
+            self.loads.append(tree.loadavg()[0])
+            for name, port in self.ports.items():
+                self.queues[name] = max(self.queues[name], accept_queue(port))
             self.halt.wait(self.every)
+
+
+def proxy_admin_stats(admin_port: int) -> dict[str, Any]:
+    """The proxy's ``/_harnessrl/admin/stats`` (calls, errors, overhead, event-loop lag and GC pauses)."""
+    url = f"http://127.0.0.1:{admin_port}/_harnessrl/admin/stats"
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return dict(json.loads(r.read()))
 
 
 def soak(
@@ -96,21 +130,27 @@ def soak(
     engine = fake_engine.spawn(model_dir, launch.free_port(), token_rate=token_rate, tokens=tokens)
     try:
         (proxy,) = tree.start_proxies(engine.url, 1, work, model_dir)
-        sampler = _Sampler(proxy.process.pid, sample_s)
+        sampler = _Sampler(proxy.process.pid, sample_s, {"mitmproxy": proxy.port, "internal": proxy.admin_port})
         sampler.start()
 
         def make(i: int) -> SessionScript:
             return make_script(seed, i, FORMATS[i % 4], scale=scale)
 
+        target = Proxied((proxy,))
         try:
-            log = asyncio.run(replay(Proxied((proxy,)), concurrency=sessions, make=make, duration_s=seconds))
+            log = asyncio.run(replay(target, concurrency=sessions, make=make, duration_s=seconds, close_sessions=True))
         finally:
             sampler.halt.set()
             sampler.join()
+            engine_stats = engine.stats()
+            proxy_stats = proxy_admin_stats(proxy.admin_port)
+            t_stop = time.monotonic()
             proxy.stop()
+            stop_s = time.monotonic() - t_stop
     finally:
         engine.stop()
-    pts = sampler.points
+    wal_rows_left = recover([proxy.records])
+    pts, loads = sampler.points, sampler.loads or [0.0]
     half = [p for p in pts if p[0] >= pts[-1][0] / 2] if pts else []
     return SoakResult(
         sessions=sessions,
@@ -126,6 +166,14 @@ def soak(
         summary=summary(log),
         load=tree.loadavg(),
         error_examples=tuple({(c.error or "")[:400] for c in log.calls if not c.complete})[:3],
+        closed_sessions=log.closed,
+        close_errors=len(log.close_errors),
+        load_1min=(loads[0], max(loads), loads[-1]),
+        engine=engine_stats,
+        proxy=proxy_stats,
+        proxy_accept_queue_max=dict(sampler.queues),
+        stop_s=round(stop_s, 2),
+        wal_rows_left=wal_rows_left,
     )
 
 

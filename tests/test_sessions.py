@@ -51,3 +51,19 @@ def test_token_and_time_budgets() -> None:
 def test_budget_validation() -> None:
     with pytest.raises(ValueError, match="max_calls must be positive"):
         Budget(max_calls=0)
+
+
+def test_close_marks_the_session_and_runs_every_on_close_callback() -> None:
+    reg = SessionRegistry(Budget())
+    freed: list[tuple[str, str]] = []
+    reg.on_close(lambda sid: freed.append(("graphs", sid)))
+    reg.on_close(lambda sid: freed.append(("other", sid)))
+    reg.begin_call("s")
+    state = reg.close("s")
+    assert state is not None and state.closed
+    assert freed == [("graphs", "s"), ("other", "s")]
+    # An unknown session (its calls went to another proxy, or none was made) still frees what others may hold.
+    assert reg.close("never-seen") is None
+    assert freed[-2:] == [("graphs", "never-seen"), ("other", "never-seen")]
+    # A closed session that calls again goes on counting.
+    assert reg.begin_call("s") == (1, None)

@@ -394,6 +394,41 @@ def test_session_graphs_evict_idle_sessions_then_by_token_cap(splicer: SpliceRen
     assert graphs.evict(now=200.0) == ["b", "c"] and len(graphs) == 0  # idle
 
 
+def test_dropping_a_session_forgets_its_graph_and_a_new_call_starts_a_new_one(splicer: SpliceRenderer) -> None:
+    graphs = SessionGraphs()
+    req = ModelRequest("chat", "m", (Message("user", (TextPart("hi"),)),))
+    comp = Completion("r", "m", text="ok", finish_reason="stop")
+    state = graphs.get("a", now=0.0)
+    with state.lock:
+        run_call(state, splicer, "a0", req, comp)
+    graphs.get("b", now=0.0)
+    assert graphs.tokens_held == state.tokens_held > 0
+    assert graphs.drop("a") and not graphs.drop("a") and len(graphs) == 1
+    assert graphs.tokens_held == 0  # "b" made no call
+    fresh = graphs.get("a", now=1.0)
+    assert fresh is not state and fresh.nodes == []
+    with fresh.lock:
+        assert plan(fresh, req, splicer).reason == "first_call"  # rendered in full, not a retry of the dropped call
+
+
+def test_prompt_ids_are_held_packed_and_a_retry_shares_its_siblings(splicer: SpliceRenderer) -> None:
+    state, plans, reqs, _ = tool_loop("chat", splicer, turns=2)
+    held = state.tokens_held
+    retry = run_call(state, splicer, "c1b", reqs[1], completion(7))
+    assert retry.retry_of == "c1" and isinstance(retry.prompt_ids, tuple)
+    assert state.tokens_held == held + len(state.nodes[-1].completion_ids)  # the prompt ids are not held twice
+    assert [state.prompt_ids(n) for n in state.nodes] == [p.prompt_ids for p in plans] + [plans[1].prompt_ids]
+    assert all(type(i) is int for i in state.prompt_ids(state.nodes[-1]))
+
+
+def test_a_spliced_plan_hands_its_packed_ids_to_the_graph_and_no_node_keeps_them(splicer: SpliceRenderer) -> None:
+    state, plans, _, _ = tool_loop("chat", splicer, turns=3)
+    last = plans[-1]
+    assert last.reason == "extends" and last.packed is not None and tuple(last.packed) == last.prompt_ids
+    assert state.packed_ids(state.nodes[-1]) is last.packed  # held as built, not packed a second time
+    assert all(n.plan.packed is None and n.plan.prompt_ids == () for n in state.nodes)  # memory stays linear
+
+
 def test_record_refuses_a_duplicate_call_id(splicer: SpliceRenderer) -> None:
     state = SessionState("s")
     req = ModelRequest("chat", "m", (Message("user", (TextPart("hi"),)),))
