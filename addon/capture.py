@@ -11,9 +11,11 @@ Requests to the intercepted hosts (default api.anthropic.com, api.openai.com, ge
   WebSocket upgrade gets 426 (it falls back to HTTPS at once), anything else gets a harmless local answer, logged;
 * hosts that are not intercepted pass through untouched.
 
-Options (``--set name=value``) are declared in ``load`` and parsed once in ``configure``; the heavy start-up (tokenizer
-load, record-store recovery, engine query) happens in ``running`` off the event loop. Hooks start with guard clauses
-and never raise: a failure becomes an error answer in the caller's wire format.
+Options (``--set name=value``) are declared in ``load`` and parsed once in ``configure``; ``harnessrl_engine_url``
+may name several engines (comma-separated replicas of one model), each session sticking to one
+(:mod:`addon.engine_pool`); the heavy start-up (tokenizer load, record-store recovery, engine query) happens in
+``running`` off the event loop. Hooks start with guard clauses and never raise: a failure becomes an error answer in
+the caller's wire format.
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ class Capture:
         assert self.config is not None
         self.runtime = await Runtime.start(self.config)
         self._ready.set()
-        log.info("harnessrl: answering %s on internal port %d", self.config.describe_hosts(), self.runtime.port)
+        log.info(
+            "harnessrl: answering %s on internal port %d from %s",
+            self.config.describe_hosts(),
+            self.runtime.port,
+            self.runtime.engine.describe(),
+        )
 
     async def done(self) -> None:
         if self.runtime is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from addon.engine_pool import parse_engine_urls
 from addon.generate import SamplingPolicy
 from addon.sessions import Budget, SessionSource, parse_sources
 
@@ -18,7 +19,13 @@ DEFAULT_HOSTS = "api.anthropic.com,api.openai.com,generativelanguage.googleapis.
 
 # name, type, default, help
 OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
-    ("harnessrl_engine_url", str, "http://127.0.0.1:8000", "Base URL of the vLLM server answering model calls."),
+    (
+        "harnessrl_engine_url",
+        str,
+        "http://127.0.0.1:8000",
+        "Base URL of the vLLM server answering model calls; several (replicas of one model) comma-separated: each "
+        "session sticks to one, failing over when it is down.",
+    ),
     ("harnessrl_model_dir", str, "", "Tokenizer/chat-template folder; empty: the engine's own model folder."),
     ("harnessrl_records_dir", str, "runs/records", "Folder for the Parquet shards and write-ahead log."),
     ("harnessrl_run_id", str, "", "Run id written in every record; empty: a new one per start."),
@@ -45,7 +52,7 @@ def add_options(loader) -> None:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    engine_url: str
+    engine_urls: tuple[str, ...]  # one engine, or replicas of one model (see addon.engine_pool)
     model_dir: Path | None
     records_dir: Path
     run_id: str | None
@@ -61,8 +68,10 @@ class CaptureConfig:
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
         o = options
-        if not o.harnessrl_engine_url.startswith(("http://", "https://")):
-            raise ValueError(f"harnessrl_engine_url must be an http(s) URL, got {o.harnessrl_engine_url!r}")
+        try:
+            engine_urls = parse_engine_urls(o.harnessrl_engine_url)
+        except ValueError as e:
+            raise ValueError(f"harnessrl_engine_url: {e}") from e
         hosts = frozenset(h.strip().lower() for h in o.harnessrl_hosts.split(",") if h.strip())
         if not hosts:
             raise ValueError("harnessrl_hosts is empty: name at least one host, or '*' for every host")
@@ -82,7 +91,7 @@ class CaptureConfig:
             if getattr(o, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(o, name)}")
         return cls(
-            engine_url=o.harnessrl_engine_url.rstrip("/"),
+            engine_urls=engine_urls,
             model_dir=Path(o.harnessrl_model_dir) if o.harnessrl_model_dir else None,
             records_dir=Path(o.harnessrl_records_dir),
             run_id=o.harnessrl_run_id or None,

@@ -18,7 +18,8 @@ Contract
 * ``/v1/completions`` does not report which weight version sampled a completion; :meth:`weight_version` reads the
   current one (``GET /weight_info``), so callers that need it pause/reload through this client and know it.
 * Errors are one small hierarchy: :class:`EngineError` > :class:`EngineUnavailable` (connection refused/dropped),
-  :class:`EngineTimeout`, :class:`BadRequest` > :class:`ContextTooLong`, and :class:`MalformedResponse`.
+  :class:`EngineTimeout` > :class:`EngineConnectTimeout`, :class:`BadRequest` > :class:`ContextTooLong`, and
+  :class:`MalformedResponse`.
 
 Only ``httpx`` is imported, so both the proxy env and the engine env can use this module.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -165,7 +166,11 @@ class ReloadResult:
 
 @dataclass(frozen=True)
 class ClientTimeouts:
-    connect: float = 5.0
+    # The connect budget is timed on the proxy's event loop, which every call of the process shares: at 384 sessions
+    # on a loaded 2-core machine it ran up to 5-12 s late (benchmarks/soak.py, "loop" in the admin stats) while the
+    # engine's accept queue held at most 3 connections, so 5 s failed connects the kernel had completed at once.
+    # A refused connection (engine down) fails at once whatever this is; it only bounds an unreachable host.
+    connect: float = 30.0
     generate: float = 600.0  # a whole non-streamed completion, or the gap between two streamed chunks
     control: float = 300.0  # pause/reload/resume and the other control endpoints
 
@@ -194,6 +199,10 @@ class EngineUnavailable(EngineError):
 
 class EngineTimeout(EngineError):
     """The engine did not answer within the configured timeout."""
+
+
+class EngineConnectTimeout(EngineTimeout):
+    """No connection to the engine within the connect timeout: nothing was sent, so the call may go elsewhere."""
 
 
 class BadRequest(EngineError):
@@ -402,6 +411,8 @@ class EngineClient:
         t = httpx.Timeout(timeout or self.timeouts.control, connect=self.timeouts.connect)
         try:
             resp = await self._http.request(method, path, json=json_body, params=params, timeout=t)
+        except httpx.ConnectTimeout as e:
+            raise EngineConnectTimeout(f"{method} {path}: no connection within {self.timeouts.connect} s") from e
         except httpx.TimeoutException as e:
             raise EngineTimeout(f"{method} {path}: no answer within {timeout or self.timeouts.control} s") from e
         except httpx.TransportError as e:
@@ -428,7 +439,7 @@ class EngineClient:
         )
         return parse_completion(body, req.prompt_ids)
 
-    async def stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def stream(self, req: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """Yield chunks as vLLM streams them; the usage arrives on a last, token-less chunk."""
         t = httpx.Timeout(self.timeouts.generate, connect=self.timeouts.connect)
         payload = completion_payload(req, stream=True)
@@ -448,7 +459,8 @@ class EngineClient:
             # say which limit: under load a connect timeout (seconds) was reported as the 600 s chunk gap
             what = "no connection" if isinstance(e, httpx.ConnectTimeout | httpx.PoolTimeout) else "no chunk"
             limit = self.timeouts.connect if what == "no connection" else self.timeouts.generate
-            raise EngineTimeout(f"stream: {what} within {limit} s ({type(e).__name__})") from e
+            kind = EngineConnectTimeout if isinstance(e, httpx.ConnectTimeout) else EngineTimeout
+            raise kind(f"stream: {what} within {limit} s ({type(e).__name__})") from e
         except httpx.TransportError as e:
             raise EngineUnavailable(f"stream from {self.base_url}: {type(e).__name__}: {e}") from e
         raise MalformedResponse("the stream ended without [DONE]")

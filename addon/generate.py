@@ -3,7 +3,7 @@ events -> wire bytes, and one :class:`~addon.records.CallRecord`.
 
 Contract
 --------
-:class:`Generator` is built once per proxy process with its collaborators (renderer, engine client, record store,
+:class:`Generator` is built once per proxy process with its collaborators (renderer, engine pool, record store,
 session registry, stats). ``await handle(call, body, sink)`` answers one call on ``sink`` and never raises: every
 failure becomes an answer in the caller's own wire format (a vendor error body before the stream starts, the
 format's in-stream error event after). Streaming is real: each sampled chunk is parsed and encoded as it arrives.
@@ -26,14 +26,17 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from contextlib import aclosing
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from addon.engine_client import BadRequest, ContextTooLong, EngineClient, EngineError, GenerationRequest, Regex
+from addon.engine_client import BadRequest, ContextTooLong, EngineError, GenerationRequest, Regex
+from addon.engine_pool import EnginePool
 from addon.parser import OutputParser, ParserSpec
+from addon.record_json import CanonicalJson, dumps_json, pack_json_text, plain
 from addon.record_store import RecordStore, RecordStoreError
-from addon.records import CallRecord, TurnTokens, pack_json
+from addon.records import CallRecord, TurnTokens
 from addon.render import PromptRenderer
 from addon.sessions import SessionRegistry
 from addon.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
@@ -150,7 +153,7 @@ class Generator:
         *,
         renderer: PromptRenderer,
         splicer: SpliceRenderer,
-        engine: EngineClient,
+        engine: EnginePool,
         store: RecordStore,
         sessions: SessionRegistry,
         stats: Stats,
@@ -162,12 +165,13 @@ class Generator:
         force_tool_calls: bool = False,
     ) -> None:
         self.force_tool_calls = force_tool_calls
-        # The engine's weight version, kept current by the runtime (polled, or pushed by the trainer through the
-        # admin route) instead of asked per call: an extra engine round trip per call costs most under load.
-        self.policy_version: int | None = None
         self.renderer = renderer
         self.splicer = splicer
         self.graphs = SessionGraphs()  # per-session prefix graphs: token-faithful splicing, cost ~ new suffix
+        sessions.on_close(self.graphs.drop)  # a session the collector closed frees its graph at once, not when idle
+        # Every call goes through the pool with its session id (affinity, failover). Each engine's weight version is
+        # kept current by the runtime (polled, or pushed by the trainer through the admin route) instead of asked per
+        # call: an extra engine round trip per call costs most under load.
         self.engine = engine
         self.store = store
         self.sessions = sessions
@@ -177,6 +181,8 @@ class Generator:
         self.policy = policy or SamplingPolicy()
         self.parser_spec = parser_spec or ParserSpec()
         self.fields = fields or UnknownFields()
+        # The record's request blob: each message and tool is JSON-encoded once while cached, not once per call.
+        self.canonical_json = CanonicalJson()
 
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
         dialect = dialect_for(info.route.format)
@@ -219,7 +225,8 @@ class Generator:
 
     async def _generate(self, turn: _Turn, dialect: Dialect, sink: ResponseSink, t0: float) -> None:
         request = turn.request
-        turn.policy_version = self.policy_version
+        # the version of the engine this call would go to; replaced by the routed engine's once it answers
+        turn.policy_version = self.engine.policy_version_for(turn.info.session_id)
         state = self.graphs.get(turn.info.session_id, time.monotonic())
         aux = auxiliary_reason(request) is not None
         turn.plan = await asyncio.to_thread(_plan_locked, state, request, self.splicer, aux)
@@ -245,19 +252,21 @@ class Generator:
         started = False
         finish_reason = "stop"
         try:
-            async for chunk in self.engine.stream(gen):
-                if turn.first_token_at is None and chunk.token_ids:
-                    turn.first_token_at = _now()
-                turn.completion_ids.extend(chunk.token_ids)
-                turn.logprobs.extend(chunk.logprobs)
-                if chunk.finish_reason:
-                    finish_reason = chunk.finish_reason
-                events = parser.feed(chunk.text) if chunk.text else []
-                if encoder is not None and not started:
-                    await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-                    await sink.write(encoder.feed(start))
-                    started = True
-                await self._emit(events, acc, encoder, sink)
+            async with aclosing(self.engine.stream(turn.info.session_id, gen)) as routed_chunks:
+                async for routed, chunk in routed_chunks:
+                    turn.policy_version = routed.policy_version  # the engine that sampled it, when it was asked
+                    if turn.first_token_at is None and chunk.token_ids:
+                        turn.first_token_at = _now()
+                    turn.completion_ids.extend(chunk.token_ids)
+                    turn.logprobs.extend(chunk.logprobs)
+                    if chunk.finish_reason:
+                        finish_reason = chunk.finish_reason
+                    events = parser.feed(chunk.text) if chunk.text else []
+                    if encoder is not None and not started:
+                        await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
+                        await sink.write(encoder.feed(start))
+                        started = True
+                    await self._emit(events, acc, encoder, sink)
         except EngineError as err:
             turn.error, turn.incomplete = f"engine: {err}", True
             self.stats.error("engine")
@@ -346,14 +355,24 @@ class Generator:
         return True
 
     def _build_and_append(self, turn: _Turn, completion: Completion | None, budget_stop: str | None) -> None:
-        self.store.append(build_record(turn, completion, self.served_model, budget_stop))
+        self.store.append(build_record(turn, completion, self.served_model, budget_stop, self.canonical_json))
 
 
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-def build_record(turn: _Turn, completion: Completion | None, served_model: str, budget_stop: str | None) -> CallRecord:
+def build_record(
+    turn: _Turn,
+    completion: Completion | None,
+    served_model: str,
+    budget_stop: str | None,
+    canonical_json: CanonicalJson | None = None,
+) -> CallRecord:
+    """The call's row. With ``canonical_json`` (the Generator's, shared by all sessions) its cost follows the new
+    suffix: the request's messages and tools are JSON-encoded once per distinct value; without it the whole request
+    is encoded (same text). The token ids are packed once, in :class:`TurnTokens`."""
     req, info = turn.request, turn.info
+    request_json = canonical_json.request(req) if canonical_json is not None else dumps_json(plain(req))
     aux = auxiliary_reason(req)
     names = tuple(c.name for c in completion.tool_calls) if completion else ()
     return CallRecord(
@@ -376,10 +395,10 @@ def build_record(turn: _Turn, completion: Completion | None, served_model: str, 
         tool_call_names=names,
         auxiliary=aux is not None,
         auxiliary_reason=aux,
-        sampling_requested=_jsonable(asdict(req.sampling)),
+        sampling_requested=plain(req.sampling),
         sampling_applied=turn.applied,
-        request_canonical=pack_json(_jsonable(asdict(req))),
-        completion_canonical=pack_json(_jsonable(asdict(completion))) if completion else None,
+        request_canonical=pack_json_text(request_json),
+        completion_canonical=pack_json_text(dumps_json(plain(completion))) if completion else None,
         error=turn.error or (f"malformed_tool_calls={turn.malformed}" if turn.malformed else None),
         budget_stop=budget_stop,
         incomplete=turn.incomplete,
@@ -472,15 +491,6 @@ def _response_id() -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _jsonable(value: Any) -> Any:
-    """asdict output -> JSON-compatible (tuples to lists, mappings to dicts)."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 __all__ = ["CallInfo", "Generator", "ResponseSink", "SamplingPolicy", "TextDelta", "auxiliary_reason"]

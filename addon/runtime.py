@@ -1,12 +1,16 @@
-"""Everything the capture addon runs on, built once at start-up: engine client, prompt renderer, record store,
+"""Everything the capture addon runs on, built once at start-up: engine pool, prompt renderer, record store,
 sessions, stats, the generator and the internal server.
 
 Contract
 --------
 ``await Runtime.start(config)`` recovers the record store (a crash's write-ahead log becomes a shard), starts the
-internal server, and asks the engine what it serves (model folder, context length). The engine may be down at
-start: the proxy still starts, model calls get a vendor-shaped 503/529 with ``retry-after`` until the engine
-answers, and the runtime binds to it on the next call. Tokenizer loads and store I/O run in threads.
+internal server, and asks the engines what they serve (model folder, context length). ``harnessrl_engine_url`` names
+one engine or several (comma-separated replicas of one model): the runtime builds an
+:class:`~addon.engine_pool.EnginePool` either way (one URL: a one-engine pool, same behaviour), and every call goes
+through it with its session id (affinity and failover: see :mod:`addon.engine_pool`). The engines may be down at
+start: the proxy still starts, model calls get a vendor-shaped 503/529 with ``retry-after`` until one answers, and the
+runtime binds on the next call. Once bound, a poll every second reads each engine's weight version and up/down
+state; the admin ``policy_version`` route sets every engine's. Tokenizer loads and store I/O run in threads.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from mitmproxy import http
 
 from addon.aio import spawn
 from addon.config import CaptureConfig
-from addon.engine_client import EngineClient, EngineError
+from addon.engine_client import EngineError
+from addon.engine_pool import EnginePool
 from addon.generate import Generator
 from addon.record_store import RecordStore, StoreConfig
 from addon.render import PromptRenderer
@@ -40,7 +45,7 @@ log = logging.getLogger("harnessrl.runtime")
 
 
 class Runtime:
-    def __init__(self, config: CaptureConfig, engine: EngineClient, store: RecordStore) -> None:
+    def __init__(self, config: CaptureConfig, engine: EnginePool, store: RecordStore) -> None:
         self.config = config
         self.engine = engine
         self.store = store
@@ -63,7 +68,7 @@ class Runtime:
         store = await asyncio.to_thread(
             RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
         )
-        runtime = cls(config, EngineClient(config.engine_url), store)
+        runtime = cls(config, EnginePool.from_urls(config.engine_urls), store)
         runtime.server = InternalServer(
             _LazyGenerator(runtime),
             runtime.sessions,
@@ -78,19 +83,19 @@ class Runtime:
             await runtime.bind()
         except EngineError as e:
             log.warning(
-                "harnessrl: engine at %s not reachable yet (%s); calls get 503 until it is", config.engine_url, e
+                "harnessrl: engine at %s not usable yet (%s); calls get 503 until it is", runtime.engine.describe(), e
             )
         return runtime
 
     async def bind(self) -> Generator:
-        """Ask the engine what it serves and load its tokenizer (once)."""
+        """Ask the engines what they serve and load the tokenizer (once)."""
         if self.generator is not None:
             return self.generator
         async with self._bind_lock:
             if self.generator is not None:
                 return self.generator
             t0 = time.perf_counter()
-            info = (await self.engine.models())[0]
+            info = await self.engine.bind()  # the engines answering must agree on the model
             model_dir = self.config.model_dir or Path(info.root)
             self.renderer = await asyncio.to_thread(PromptRenderer.from_pretrained, model_dir)
             splicer = await asyncio.to_thread(SpliceRenderer, self.renderer)  # probes the template once
@@ -108,11 +113,9 @@ class Runtime:
                 policy=self.config.sampling,
                 force_tool_calls=self.config.force_tool_calls,
             )
-            try:
-                version = await self.engine.weight_version()
-                self.set_policy_version(int(version) if version.isdigit() else None)
-            except EngineError as e:
-                log.warning("harnessrl: the engine reports no weight version (%s); records carry none", e)
+            await self.engine.poll()  # each engine's weight version before the first call
+            if all(e.policy_version is None for e in self.engine.engines):
+                log.warning("harnessrl: no engine reports a weight version; records carry none")
             self._poller = spawn(self._poll_policy_version(), "policy-version")
             log.info(
                 "harnessrl: bound to %s (context %d) in %.1fs",
@@ -123,20 +126,17 @@ class Runtime:
             return self.generator
 
     async def _poll_policy_version(self, every: float = 1.0) -> None:
-        """Keep the generator's policy version current. The trainer also pushes it after each weight sync."""
+        """Keep each engine's policy version and up/down state current. The trainer also pushes the version after
+        each weight sync."""
         while True:
-            try:
-                version = await self.engine.weight_version()
-                self.set_policy_version(int(version) if version.isdigit() else None)
-            except EngineError as e:
-                log.debug("weight version poll failed: %s", e)
+            await self.engine.poll()  # never raises an engine error: a failing engine is marked down
             if self.generator is not None:
                 self.generator.graphs.evict(time.monotonic())  # idle sessions and the memory cap
             await asyncio.sleep(every)
 
     def set_policy_version(self, version: int | None) -> None:
-        if self.generator is not None:
-            self.generator.policy_version = version
+        """The admin route: the trainer synced every engine to ``version``."""
+        self.engine.set_policy_version(version)
 
     async def stop(self) -> None:
         if self._poller is not None:

@@ -7,7 +7,10 @@ Contract
 
 1. resolves the tasks (a task folder, a folder of tasks, or a built-in subset name) and installs each harness;
 2. reuses the engine at ``engine_url`` (it must be healthy), or one recorded healthy in ``engine_run_dir``, or
-   starts one through the engine env's Python (``trainer.engine serve``) and stops it at the end;
+   starts one through the engine env's Python (``trainer.engine serve``) and stops it at the end. ``engine_url`` may
+   name several engines, comma-separated (replicas of one model): each must answer ``/health`` and all must serve
+   one model (:func:`~addon.engine_pool.check_engines`); the proxies get the whole list and keep each session on
+   one engine (:mod:`addon.engine_pool`);
 3. starts one capture proxy per distinct set of harness proxy options (``HarnessSpec.proxy_options``), each with
    ``harnessrl_max_calls=<max_calls>`` and ``harnessrl_run_id=<run_id>``, and stops them at the end;
 4. runs every rollout in a thread pool of ``concurrency`` workers. A rollout has the session id
@@ -54,7 +57,7 @@ import httpx
 import pyarrow.compute as pc
 
 from addon import launch
-from addon.engine_client import EngineClient
+from addon.engine_pool import check_engines, parse_engine_urls
 from addon.records import read_records, records_from_table
 from tasks.episodes import (
     CallStats,
@@ -144,8 +147,11 @@ class CollectConfig:
             raise CollectConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
         if not self.run_id or any(c in self.run_id for c in ":@/ "):
             raise CollectConfigError(f"run_id {self.run_id!r} must be non-empty, without ':', '@', '/' or spaces")
-        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
-            raise CollectConfigError(f"engine_url must be an http(s) URL, got {self.engine_url!r}")
+        if self.engine_url:
+            try:
+                parse_engine_urls(self.engine_url)
+            except ValueError as e:
+                raise CollectConfigError(f"engine_url: {e}") from e
         if not self.engine_url and not self.engine_python.exists():
             raise CollectConfigError(
                 f"no engine_url and the engine env's python {self.engine_python} does not exist: "
@@ -209,21 +215,18 @@ def plan(config: CollectConfig, tasks: TaskSet) -> list[Rollout]:
 # ------------------------------------------------------------------------------------------------ services
 
 
-def engine_healthy(url: str) -> bool:
-    async def check() -> bool:
-        async with EngineClient(url) as client:
-            return await client.health()
-
-    return asyncio.run(check())
-
-
 @contextmanager
 def engine(config: CollectConfig, log: TextIO) -> Iterator[str]:
-    """The engine URL; an engine started here is stopped on exit. ``log`` must be a real file (serve's stderr)."""
+    """The engine URL (or comma-separated URLs); an engine started here is stopped on exit. ``log`` must be a real
+    file (serve's stderr)."""
     if config.engine_url:
-        if not engine_healthy(config.engine_url):
-            raise CollectConfigError(f"engine_url {config.engine_url} does not answer /health")
-        yield config.engine_url.rstrip("/")
+        urls = parse_engine_urls(config.engine_url)
+        try:
+            served = asyncio.run(check_engines(urls))  # every engine healthy, all serving one model
+        except ValueError as e:
+            raise CollectConfigError(f"engine_url: {e}") from e
+        print(f"collect: using {len(urls)} engine(s) serving {served.id}: {', '.join(urls)}", file=log)
+        yield ",".join(urls)
         return
     cli = [str(config.engine_python), "-m", "trainer.engine"]
     run_dir = ["--run-dir", str(config.engine_run_dir.resolve())]  # resolved: the CLI runs in the repository root
@@ -442,7 +445,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=None, help="per-rollout seconds (default: the harness's)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/collect/<run-id>")
-    ap.add_argument("--engine-url", default=env.get("ENGINE_URL", ""), help="empty: start or reuse ($ENGINE_URL)")
+    ap.add_argument(
+        "--engine-url",
+        default=env.get("ENGINE_URL", ""),
+        help="a running engine, or several comma-separated (replicas of one model); empty: start or reuse "
+        "($ENGINE_URL)",
+    )
     ap.add_argument("--engine-python", type=Path, default=ENGINE_PYTHON)
     ap.add_argument("--engine-run-dir", type=Path, default=d["engine_run_dir"].default)
     ap.add_argument("--model", default=env.get("MODEL") or "default", help="for a started engine ($MODEL)")

@@ -180,6 +180,29 @@ def test_an_unhealthy_engine_url_is_refused() -> None:
             pass
 
 
+def test_several_engine_urls_are_checked_and_passed_on_as_one_list(smollm2_tokenizer_dir: Path) -> None:
+    """Two FAKE engines (benchmarks/fake_engine.py, subprocesses): both healthy -> the proxies get both; one of them
+    killed -> refused, naming it."""
+    from benchmarks import fake_engine
+
+    fakes = [fake_engine.spawn(smollm2_tokenizer_dir, free_port()) for _ in range(2)]
+    try:
+        urls = f"{fakes[0].url}/, {fakes[1].url}"
+        out = io.StringIO()
+        with engine(config(engine_url=urls), out) as url:
+            assert url == f"{fakes[0].url},{fakes[1].url}"
+        assert "2 engine(s) serving fake-engine" in out.getvalue()
+        fakes[1].kill()
+        with pytest.raises(CollectConfigError, match=f"engine {fakes[1].url} does not answer /health"):
+            with engine(config(engine_url=urls), io.StringIO()):
+                pass
+    finally:
+        for f in fakes:
+            f.stop()
+    with pytest.raises(CollectConfigError, match="engine_url: engine URL listed twice"):
+        config(engine_url=f"{fakes[0].url},{fakes[0].url}/")
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 

@@ -20,6 +20,7 @@ from addon.engine_client import (
     ClientTimeouts,
     ContextTooLong,
     EngineClient,
+    EngineConnectTimeout,
     EngineError,
     EngineTimeout,
     EngineUnavailable,
@@ -278,5 +279,7 @@ async def test_a_connect_timeout_is_named_as_such() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectTimeout("timed out", request=request)
 
-    with pytest.raises(EngineTimeout, match=r"no connection within 5.0 s \(ConnectTimeout\)"):
+    with pytest.raises(EngineConnectTimeout, match=r"no connection within 30.0 s \(ConnectTimeout\)"):
         await fake(refuse).stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))
+    with pytest.raises(EngineConnectTimeout, match="no connection within 30.0 s"):  # the control calls say so too
+        await fake(refuse).models()

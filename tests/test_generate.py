@@ -218,6 +218,7 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
     from aiohttp.test_utils import TestServer
 
     from addon.engine_client import EngineClient
+    from addon.engine_pool import EnginePool
     from addon.generate import CallInfo, Generator
     from addon.record_store import RecordStore
     from addon.render import PromptRenderer
@@ -235,10 +236,12 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
     renderer = PromptRenderer.from_pretrained(smollm2_tokenizer_dir)
     stats = Stats()
     async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+        pool = EnginePool([client])
+        await pool.bind()
         gen = Generator(
             renderer=renderer,
             splicer=SpliceRenderer(renderer),
-            engine=client,
+            engine=pool,
             store=store,
             sessions=SessionRegistry(Budget()),
             stats=stats,
@@ -271,3 +274,33 @@ def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_cal
     assert policy.call_seed("rollout-0", 3) != SamplingPolicy(seed=8).call_seed("rollout-0", 3)
     assert all(0 <= s < 2**31 for s in seeds if s is not None)
     assert SamplingPolicy().call_seed("rollout-0", 0) is None  # unseeded stays unseeded
+
+
+def test_build_record_with_the_shared_json_cache_stores_exactly_the_uncached_row():
+    """The Generator's CanonicalJson changes the cost of a row, never its content: a session's rows built with one
+    shared cache equal the rows built without it, and the blobs hold what asdict of the request/completion held."""
+    from dataclasses import asdict, replace
+    from datetime import UTC, datetime
+
+    from addon.generate import CallInfo, _Turn, build_record
+    from addon.record_json import CanonicalJson, unpack_json
+    from converters.base import Route
+    from converters.canonical import Completion, Message, ModelRequest, TextPart, ToolCall, ToolSpec, Usage
+
+    cache = CanonicalJson()
+    tool = ToolSpec("Bash", "Run a command.", {"type": "object", "properties": {"cmd": {"type": "string"}}})
+    history = [Message("system", (TextPart("be brief " * 200),)), Message("user", (TextPart("list files"),))]
+    for i in range(4):
+        req = ModelRequest("anthropic", "claude", tuple(Message(m.role, m.parts) for m in history), tools=(tool,))
+        info = CallInfo("run", "s", Route("anthropic", "/v1/messages"), {}, datetime.now(UTC), call_id=f"c{i}")
+        turn = _Turn(req, info, i, prompt_ids=tuple(range(100 + i)), completion_ids=[5, 6], logprobs=[-0.5, -1.0])
+        completion = Completion("r", "claude", "ok", tool_calls=(ToolCall(f"t{i}", "Bash", "{}"),), usage=Usage(1, 2))
+        cached = build_record(turn, completion, "served", None, cache)
+        uncached = build_record(turn, completion, "served", None)
+        assert cached == replace(uncached, done_at=cached.done_at)
+        request_blob = json.loads(json.dumps(asdict(req)))  # tuples -> lists, as stored
+        assert unpack_json(cached.request_canonical) == request_blob
+        assert unpack_json(cached.completion_canonical) == json.loads(json.dumps(asdict(completion)))
+        assert cached.tokens.prompt_ids == tuple(range(100 + i)) and cached.tokens.completion_logprobs == (-0.5, -1.0)
+        history += [Message("assistant", (TextPart(f"step {i}"),)), Message("user", (TextPart(f"result {i}"),))]
+    assert cache.hits > cache.misses  # the history was resent and served from the cache
