@@ -10,7 +10,9 @@ Contract
 * :class:`RunConfig` (frozen) holds what TRL has no field for: tasks, harnesses and their loss weights, the
   grouping of advantages, iterations, the engine, the staleness policy, the IS cap, auxiliary calls, the maximum
   sequence length. ``__post_init__`` validates with actionable messages. ``num_generations`` of the GRPOConfig is
-  the group size G (rollouts per task and harness).
+  the group size G (rollouts per task and harness). ``engine_url`` is one vLLM URL or several, comma-separated
+  (replicas of one model): :attr:`RunConfig.engine_urls` is the parsed tuple; ``tasks.collect`` gets the
+  same comma-separated list, and the sync pushes every new policy to each of them.
 * :func:`to_json` / :func:`run_config_from_json` write and read ``config.json`` of a run (the RunConfig plus the
   GRPOConfig's non-default values, for the record).
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
+
+from addon.engine_pool import parse_engine_urls as _parse_urls
 
 Grouping: TypeAlias = Literal["task", "task_harness"]
 StalenessPolicy: TypeAlias = Literal["refuse", "is_correct"]
@@ -53,7 +57,8 @@ class RunConfig:
     run_dir: Path = Path("runs/train/run")
     model: str = "default"  # 'default', a local model folder or a hub id (trainer.model resolves it)
     cache_dir: Path = Path(".cache/harnessrl")
-    engine_url: str | None = None  # None: start an engine (trainer/engine.py) and stop it at the end
+    # one URL, or several comma-separated vLLM replicas; None: start one engine (trainer/engine.py), stop it at the end
+    engine_url: str | None = None
     staleness: StalenessPolicy = "is_correct"
     max_staleness: int = 1  # is_correct: samples more than this many versions old are dropped
     is_cap: float | None = None  # truncates the IS ratio pi_theta / pi_behaviour from above (None: no cap)
@@ -93,9 +98,25 @@ class RunConfig:
             raise ConfigError(f"max_length must be >= 2, got {self.max_length}")
         if self.collect_concurrency < 1:
             raise ConfigError(f"collect_concurrency must be >= 1, got {self.collect_concurrency}")
+        if self.engine_url is not None:
+            parse_engine_urls(self.engine_url)
+
+    @property
+    def engine_urls(self) -> tuple[str, ...]:
+        """The engines of ``engine_url`` (empty when the run starts its own)."""
+        return parse_engine_urls(self.engine_url) if self.engine_url is not None else ()
 
     def harness_weight(self, harness: str) -> float:
         return float(self.harness_weights.get(harness, 1.0))
+
+
+def parse_engine_urls(text: str) -> tuple[str, ...]:
+    """``"http://a:8000, http://b:8000/"`` -> ``("http://a:8000", "http://b:8000")``: the proxy's own rules
+    (:func:`addon.engine_pool.parse_engine_urls`), so the trainer and ``tasks.collect`` accept the same lists."""
+    try:
+        return _parse_urls(text)
+    except ValueError as e:
+        raise ConfigError(f"engine_url {text!r}: {e}") from e
 
 
 def scale_rewards_mode(value: object) -> str:
@@ -158,6 +179,10 @@ def default_grpo_config(output_dir: Path, **overrides: Any) -> Any:
         "optim": "adamw_torch",
         "num_train_epochs": 1,
         "disable_tqdm": False,
+        # Under `accelerate launch` the other ranks wait in a barrier while rank 0 collects, and a collect phase
+        # can take hours; the process group's default timeout (30 min) would abort them. A crashed rank still ends
+        # the job at once (the launcher stops the others).
+        "ddp_timeout": 24 * 3600,
     }
     values.update(overrides)
     if values.get("generation_batch_size") is None and values.get("steps_per_generation") is None:

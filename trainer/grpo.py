@@ -19,7 +19,13 @@ Contract
 * :class:`CapturedGRPOTrainer` overrides only ``compute_loss`` and ``log`` (public extension points): every logged
   optimizer step carries loss, kl (k3 estimate of KL(behaviour || theta)), clip_ratio, is_ratio_mean/max,
   logprob_diff_mean/max (|captured - recomputed|), tokens_per_s and samples, so ``report_to`` backends and the
-  callbacks see them. :class:`MetricsFileCallback` writes those rows to ``metrics.jsonl``.
+  callbacks see them. :class:`MetricsFileCallback` writes those rows to ``metrics.jsonl`` (main process only).
+* Several processes (``accelerate launch``, DDP): each rank trains on its shard of the same samples and DDP
+  averages the gradients. ``dapo``'s normaliser is then the token count of the accumulated batch over *all* ranks
+  (the Trainer gathers it when ``average_tokens_across_devices``), so each rank's loss is multiplied by the number
+  of processes to undo DDP's averaging: the update equals one process training on the whole batch. The logged
+  statistics are reduced over the ranks (sums summed, maxima max'ed) before logging, so they describe the whole
+  optimizer step, not rank 0's share.
 
 Torch and transformers are imported here: this module belongs to the engine env.
 """
@@ -208,6 +214,9 @@ class CapturedGRPOTrainer(Trainer):
         if self.loss_settings.loss_type == "dapo":
             # the accumulated batch's active tokens; without the Trainer's count, this micro-batch's times GA
             normaliser = float(num_items_in_batch) if num_items_in_batch is not None else float(mask.sum()) * ga
+            if num_items_in_batch is not None and self.args.average_tokens_across_devices and self.args.world_size > 1:
+                # the count covers every rank's tokens while DDP averages the ranks' gradients: scale back up
+                normaliser /= self.accelerator.num_processes
         else:
             normaliser = ga
         loss, stats = ppo_loss(
@@ -226,11 +235,32 @@ class CapturedGRPOTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training-step log: add this step's captured-vs-recomputed statistics
             now = time.monotonic()
-            logs.update(self._pending.metrics())
-            logs["tokens_per_s"] = self._pending.seq_tokens / max(now - self._last_log, 1e-9)
+            # every rank logs each step (the Trainer gathers the loss there too), so the reduction is collective
+            step = self._all_ranks(self._pending)
+            logs.update(step.metrics())
+            logs["tokens_per_s"] = step.seq_tokens / max(now - self._last_log, 1e-9)
             self._pending = StepStats()
             self._last_log = now
         super().log(logs, start_time)
+
+    def _all_ranks(self, stats: StepStats) -> StepStats:
+        """``stats`` summed (maxima max'ed) over the processes; itself with one process."""
+        if self.accelerator.num_processes == 1:
+            return stats
+        sums = ("tokens", "seq_tokens", "samples", "logprob_diff_sum", "ratio_sum", "clipped", "kl_sum")
+        maxima = ("logprob_diff_max", "ratio_max")
+        device = self.accelerator.device
+        summed = self.accelerator.reduce(
+            torch.tensor([getattr(stats, k) for k in sums], dtype=torch.float64, device=device), reduction="sum"
+        )
+        gathered = self.accelerator.gather(
+            torch.tensor([[getattr(stats, k) for k in maxima]], dtype=torch.float64, device=device)
+        )
+        top = gathered.max(dim=0).values
+        return StepStats(
+            **{k: float(v) for k, v in zip(sums, summed.tolist(), strict=True)},
+            **{k: float(v) for k, v in zip(maxima, top.tolist(), strict=True)},
+        )
 
     def reset_step_clock(self) -> None:
         """Start the tokens/s clock now (the loop calls it before each train(): collect time is not train time)."""
@@ -251,7 +281,7 @@ class MetricsFileCallback(TrainerCallback):
         self.iteration, self.step_offset, self.started = iteration, step_offset, time.monotonic()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-        if not logs or "loss" not in logs:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
             return
         row: dict[str, Any] = {
             "iteration": self.iteration,

@@ -3,22 +3,31 @@
 Contract
 --------
 * :func:`train_run` runs iterations ``state.iteration + 1 .. run.iterations`` in ``run.run_dir`` (layout in
-  docs/training.md). Before the first, the engine is made to serve the weights the trainer starts from (the base
+  docs/training.md). Before the first, every engine is made to serve the weights the trainer starts from (the base
   model, or the last checkpoint of ``state.json`` when resuming) under their policy version (0 for the base), so
   every record of the next collect carries a version the trainer knows.
 * Per iteration: *collect* runs ``tasks.collect`` in the proxy env as a subprocess (G = ``num_generations``
-  rollouts per task and harness, on the engine's current weights; it prints its own progress), then
-  :func:`trainer.samples.build_samples` against the current version; *train* runs ``Trainer.train()`` on those
-  samples (the same trainer object every iteration: the optimizer state carries over; a Trainer restarts its
-  step count per ``train()``, so the metrics rows add an offset); *checkpoint* saves model, tokenizer and
-  optimizer; *sync* pushes the checkpoint to the engine as version = iteration; then ``state.json`` is written
-  (tmp + rename), so an interrupted run resumes after the last completed iteration. An iteration without samples
-  (every group had equal rewards) skips the update but still checkpoints and syncs, so versions stay aligned with
-  iterations.
+  rollouts per task and harness, on the engines' current weights, all engine URLs passed comma-separated; it
+  prints its own progress), then :func:`trainer.samples.build_samples` against the current version; *train* runs
+  ``Trainer.train()`` on those samples (the same trainer object every iteration: the optimizer state carries over;
+  a Trainer restarts its step count per ``train()``, so the metrics rows add an offset); *checkpoint* saves model,
+  tokenizer and optimizer; *sync* pushes the checkpoint to every engine as version = iteration; then
+  ``state.json`` is written (tmp + rename), so an interrupted run resumes after the last completed iteration. An
+  iteration without samples (every group had equal rewards) skips the update but still checkpoints and syncs, so
+  versions stay aligned with iterations.
+* Several processes (``accelerate launch --num_processes N``; ranks from ``accelerate.PartialState``): only the
+  main process starts/reuses the engines, collects, syncs and writes the run's files (config.json, metrics.jsonl,
+  checkpoints, state.json). After a barrier every rank builds the samples from the same collect folder (so
+  ``run_dir`` must be on storage every rank sees) and trains on its shard of them (DDP); every rank takes part in
+  the checkpoint save; a barrier ends each iteration, so no rank runs ahead of the state file. DeepSpeed and FSDP
+  are refused (:func:`check_parallelism`).
 * Metrics rows (``collect``, ``train`` via :class:`~trainer.grpo.MetricsFileCallback`, ``sync``) go to
   ``metrics.jsonl``.
-* The engine: ``run.engine_url`` is reused; otherwise one is started (trainer/engine.py) in ``run_dir/engine`` and
-  stopped at the end.
+* The engines: ``run.engine_url`` (one URL or several) is reused; otherwise one engine is started
+  (trainer/engine.py) in ``run_dir/engine`` and stopped at the end.
+* :class:`Phases` holds the three steps that reach outside the process (start/find the engines, collect, push the
+  weights); ``train_run`` uses the real ones unless given others (the multi-process test runs the loop without an
+  engine or a harness). ``train_run(callbacks=...)`` adds ``TrainerCallback`` objects to the trainer.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +46,7 @@ from typing import Any
 from addon.records import read_records, records_from_table
 from tasks.episodes import EpisodeRecord, read_episodes
 from trainer import sync
-from trainer.config import RunConfig, check_grpo_config, scale_rewards_mode, to_json
+from trainer.config import ConfigError, RunConfig, check_grpo_config, scale_rewards_mode, to_json
 from trainer.samples import SampleOptions, SampleSet, build_samples, collect_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +75,11 @@ class RunState:
 
 
 def say(message: str) -> None:
-    print(f"[train] {message}", file=sys.stderr, flush=True)
+    """A progress line on stderr, from the main process only (under ``accelerate launch`` every rank runs this)."""
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        print(f"[train] {message}", file=sys.stderr, flush=True)
 
 
 def collect_command(run: RunConfig, group_size: int, url: str, out: Path, iteration: int) -> list[str]:
@@ -130,21 +144,21 @@ def load_samples(run: RunConfig, args: Any, out: Path, version: int) -> tuple[Sa
     return build_samples(episodes, records, opts), episodes
 
 
-def start_engine(run: RunConfig) -> tuple[str, bool]:
-    """The engine URL and whether this run started it (and so stops it)."""
+def start_engine(run: RunConfig) -> tuple[tuple[str, ...], bool]:
+    """The engine URLs and whether this run started the (single) engine, and so stops it."""
     from trainer.engine import EngineConfig, ensure_engine
     from trainer.model import resolve_model
 
     engine_dir = run.run_dir / "engine"
-    if run.engine_url:
-        url, _ = ensure_engine(engine_dir, run.engine_url)
-        return url, False
+    if run.engine_urls:
+        # every replica must be up before the first sync; ensure_engine names the one that is not
+        return tuple(ensure_engine(engine_dir, url)[0] for url in run.engine_urls), False
     model = resolve_model(run.model, run.cache_dir)
     url, state = ensure_engine(engine_dir, None, EngineConfig.for_model(model, engine_dir, port=0))
-    return url, state is not None
+    return (url,), state is not None
 
 
-def build_trainer(run: RunConfig, args: Any, start_from: str, metrics: Any) -> Any:
+def build_trainer(run: RunConfig, args: Any, start_from: str, metrics: Any, callbacks: Sequence[Any] = ()) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,35 +168,76 @@ def build_trainer(run: RunConfig, args: Any, start_from: str, metrics: Any) -> A
     tokenizer = AutoTokenizer.from_pretrained(start_from)
     eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     settings = LossSettings(args.epsilon, eps_high, run.is_cap, args.loss_type)
-    return CapturedGRPOTrainer(
-        model=model, args=args, processing_class=tokenizer, callbacks=[metrics], loss_settings=settings
+    trainer = CapturedGRPOTrainer(
+        model=model, args=args, processing_class=tokenizer, callbacks=[metrics, *callbacks], loss_settings=settings
     )
+    check_parallelism(trainer)
+    return trainer
 
 
-def train_run(run: RunConfig, args: Any) -> RunState:
-    """Run (or resume) the training run; returns the final state. See the module docstring."""
+def check_parallelism(trainer: Any) -> None:
+    """Refuse sharded training (DeepSpeed, FSDP): the loop keeps one optimizer across iterations and saves it whole.
+
+    transformers re-creates the DeepSpeed optimizer on every ``train()`` (``deepspeed_init`` resets it), which would
+    silently drop the Adam state each iteration, and a sharded optimizer's state is not what ``save_checkpoint``
+    writes. DDP (``accelerate launch`` without a DeepSpeed/FSDP config) is what this loop supports.
+    """
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        kind = "DeepSpeed" if trainer.is_deepspeed_enabled else "FSDP"
+        raise ConfigError(
+            f"{kind} is not supported by the training loop (its optimizer state would be reset every iteration): "
+            "launch with plain DDP (`accelerate launch --num_processes N`, no deepspeed/fsdp config); "
+            "see docs/training.md, Scale"
+        )
+
+
+@dataclass(frozen=True)
+class Phases:
+    """What rank 0 does outside this process: find or start the engines, collect, push weights. The defaults are the
+    real ones; tests of the training side pass their own (no engine, no harness) and keep the rest of the loop."""
+
+    start_engines: Callable[[RunConfig], tuple[tuple[str, ...], bool]] = start_engine
+    run_collect: Callable[[RunConfig, int, str, Path, int], None] = collect
+    push_weights: Callable[[Sequence[str], Path, int], sync.SyncResult] = sync.sync_weights
+
+
+def train_run(run: RunConfig, args: Any, phases: Phases | None = None, callbacks: Sequence[Any] = ()) -> RunState:
+    """Run (or resume) the training run; returns the final state. See the module docstring. ``callbacks`` are
+    further ``transformers.TrainerCallback`` objects for the trainer (they run on every rank)."""
+    from accelerate import PartialState
+
     from trainer.grpo import MetricsFileCallback
     from trainer.model import resolve_model
 
     check_grpo_config(args)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / "config.json").write_text(to_json(run, args))
+    ranks = PartialState()  # the process group GRPOConfig set up (one process: a trivial one)
+    if ranks.is_main_process:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "config.json").write_text(to_json(run, args))
     metrics_path = run.run_dir / METRICS_FILE
+    # every rank reads the same state file: rank 0 wrote it at the end of the last completed iteration
     state = RunState.read(run.run_dir) or RunState(0, 0, resolve_model(run.model, run.cache_dir))
     if state.iteration >= run.iterations:
         say(f"{run.run_dir} already completed {state.iteration} of {run.iterations} iterations")
         return state
-    url, started = start_engine(run)
+    phases = phases or Phases()
+    urls: tuple[str, ...] = ()
+    started = False
     try:
-        seconds = sync.sync_weights(url, Path(state.checkpoint), state.policy_version)
-        say(f"engine {url} serves {state.checkpoint} as policy version {state.policy_version} ({seconds:.2f} s)")
+        if ranks.is_main_process:
+            urls, started = phases.start_engines(run)
+            result = phases.push_weights(urls, Path(state.checkpoint), state.policy_version)
+            say(
+                f"{len(urls)} engine(s) serve {state.checkpoint} as policy version {state.policy_version} "
+                f"({result.seconds:.2f} s)"
+            )
         callback = MetricsFileCallback(metrics_path)
-        trainer = build_trainer(run, args, state.checkpoint, callback)
+        trainer = build_trainer(run, args, state.checkpoint, callback, callbacks)
         if state.iteration and sync.load_optimizer_state(trainer, Path(state.checkpoint)):
             say(f"resumed after iteration {state.iteration} with its optimizer state")
         steps = 0
         for it in range(state.iteration + 1, run.iterations + 1):
-            state, steps = iteration(run, args, url, trainer, callback, state, it, steps)
+            state, steps = iteration(run, args, urls, trainer, callback, state, it, steps, phases)
     finally:
         if started:
             from trainer.engine import stop
@@ -192,53 +247,113 @@ def train_run(run: RunConfig, args: Any) -> RunState:
 
 
 def iteration(
-    run: RunConfig, args: Any, url: str, trainer: Any, callback: Any, state: RunState, it: int, steps: int
+    run: RunConfig,
+    args: Any,
+    urls: Sequence[str],
+    trainer: Any,
+    callback: Any,
+    state: RunState,
+    it: int,
+    steps: int,
+    phases: Phases | None = None,
 ) -> tuple[RunState, int]:
-    """One collect -> train -> checkpoint -> sync round; returns the new state and the optimizer steps so far."""
-    from trainer.grpo import append_metrics
+    """One collect -> train -> checkpoint -> sync round; returns the new state and the optimizer steps so far.
 
-    metrics_path = run.run_dir / METRICS_FILE
+    Rank 0 collects, syncs and writes the state; every rank trains. ``urls`` is empty on the other ranks.
+    """
+    from accelerate import PartialState
+
+    ranks = PartialState()
+    phases = phases or Phases()
     version = state.policy_version
     out = run.run_dir / f"iter-{it:04d}" / "collect"
-    say(f"iteration {it}/{run.iterations}: collect on policy version {version}")
-    t0 = time.monotonic()
-    collect(run, args.num_generations, url, out, it)
-    sampled, episodes = load_samples(run, args, out, version)
-    row = {"iteration": it, "phase": "collect", "step": None, "wall_s": round(time.monotonic() - t0, 3)}
-    row |= collect_metrics(episodes, sampled.stats.zero_variance_groups) | sampled.stats.as_metrics()
-    row["policy_version"] = version
-    append_metrics(metrics_path, row)
-    say(
-        f"iteration {it}: reward {row.get('reward_mean', 0):.3f} ± {row.get('reward_std', 0):.3f}, "
-        f"{sampled.stats.samples} samples, {sampled.stats.zero_variance_groups}/{sampled.stats.groups} groups "
-        "without reward variance"
-    )
-    dropped = {k: v for k, v in sampled.stats.as_metrics().items() if k.startswith("dropped_") and v}
-    if dropped:
-        say(f"iteration {it}: sequences dropped: " + ", ".join(f"{k[8:]} {int(v)}" for k, v in dropped.items()))
-    if sampled.samples:
-        trainer.train_dataset = list(sampled.samples)
-        callback.begin_iteration(it, steps)
-        trainer.reset_step_clock()
-        trainer.train()
-        steps += int(trainer.state.global_step)
-    else:
-        say(f"iteration {it}: no samples with a learning signal; weights unchanged")
-    ckpt = sync.save_checkpoint(trainer, run.run_dir / "checkpoints" / f"iter-{it:04d}")
-    seconds = sync.sync_weights(url, ckpt, it)
-    append_metrics(
-        metrics_path,
-        {
-            "iteration": it,
-            "phase": "sync",
-            "step": None,
-            "wall_s": round(seconds, 3),
-            "seconds": seconds,
-            "policy_version": it,
-        },
-    )
-    say(f"iteration {it}: engine serves {ckpt} as policy version {it} (sync {seconds:.2f} s)")
+    collect_s = 0.0
+    if ranks.is_main_process:
+        say(f"iteration {it}/{run.iterations}: collect on policy version {version}")
+        t0 = time.monotonic()
+        phases.run_collect(run, args.num_generations, ",".join(urls), out, it)
+        collect_s = time.monotonic() - t0
+    # the collect folder is complete before any rank reads it (a failed collect raises on rank 0, and the launcher
+    # then stops the ranks waiting here)
+    ranks.wait_for_everyone()
+    steps = learn(run, args, trainer, callback, out, version, it, steps, collect_s)
+    ckpt = checkpoint(trainer, run, it)
     new_state = RunState(it, it, str(ckpt))
-    new_state.write(run.run_dir)
-    sync.prune_checkpoints(run.run_dir / "checkpoints", args.save_total_limit, keep=ckpt)
+    if ranks.is_main_process:
+        publish(run, urls, ckpt, it, phases.push_weights)
+        new_state.write(run.run_dir)
+        sync.prune_checkpoints(run.run_dir / "checkpoints", args.save_total_limit, keep=ckpt)
+    # no rank starts the next iteration (or returns) before the state is written
+    ranks.wait_for_everyone()
     return new_state, steps
+
+
+def learn(
+    run: RunConfig,
+    args: Any,
+    trainer: Any,
+    callback: Any,
+    out: Path,
+    version: int,
+    it: int,
+    steps: int,
+    collect_s: float,
+) -> int:
+    """Every rank: the samples of the collect folder ``out`` (the same on every rank: built from the same files)
+    and ``Trainer.train()`` on them (each rank its shard, DDP averages). Rank 0 logs the collect row.
+    Returns the optimizer steps so far."""
+    from accelerate import PartialState
+
+    from trainer.grpo import append_metrics
+
+    main = PartialState().is_main_process
+    sampled, episodes = load_samples(run, args, out, version)
+    if main:
+        row = {"iteration": it, "phase": "collect", "step": None, "wall_s": round(collect_s, 3)}
+        row |= collect_metrics(episodes, sampled.stats.zero_variance_groups) | sampled.stats.as_metrics()
+        row["policy_version"] = version
+        append_metrics(run.run_dir / METRICS_FILE, row)
+        say(
+            f"iteration {it}: reward {row.get('reward_mean', 0):.3f} ± {row.get('reward_std', 0):.3f}, "
+            f"{sampled.stats.samples} samples, {sampled.stats.zero_variance_groups}/{sampled.stats.groups} groups "
+            "without reward variance"
+        )
+        dropped = {k: v for k, v in sampled.stats.as_metrics().items() if k.startswith("dropped_") and v}
+        if dropped:
+            say(f"iteration {it}: sequences dropped: " + ", ".join(f"{k[8:]} {int(v)}" for k, v in dropped.items()))
+    if not sampled.samples:
+        if main:
+            say(f"iteration {it}: no samples with a learning signal; weights unchanged")
+        return steps
+    trainer.train_dataset = list(sampled.samples)
+    callback.begin_iteration(it, steps)
+    trainer.reset_step_clock()
+    trainer.train()
+    return steps + int(trainer.state.global_step)
+
+
+def checkpoint(trainer: Any, run: RunConfig, it: int) -> Path:
+    """Every rank (saving is collective where weights are sharded); only rank 0 writes the folder."""
+    return sync.save_checkpoint(trainer, run.run_dir / "checkpoints" / f"iter-{it:04d}")
+
+
+Push = Callable[[Sequence[str], Path, int], sync.SyncResult]
+
+
+def publish(run: RunConfig, urls: Sequence[str], ckpt: Path, it: int, push: Push) -> None:
+    """Rank 0: every engine serves the checkpoint as policy version ``it``; the sync row goes to metrics.jsonl."""
+    from trainer.grpo import append_metrics
+
+    result = push(urls, ckpt, it)
+    row: dict[str, Any] = {
+        "iteration": it,
+        "phase": "sync",
+        "step": None,
+        "wall_s": round(result.seconds, 3),
+        "seconds": result.seconds,
+        "engines": len(result.per_engine),
+        "engine_seconds_max": max(result.per_engine.values()),
+        "policy_version": it,
+    }
+    append_metrics(run.run_dir / METRICS_FILE, row)
+    say(f"iteration {it}: {len(urls)} engine(s) serve {ckpt} as policy version {it} (sync {result.seconds:.2f} s)")

@@ -9,6 +9,9 @@ Contract
   ``--grpo NAME=VALUE`` (VALUE parsed as JSON when it parses, else taken as a string). A name GRPOConfig does not
   have, or a setting this trainer does not honour, exits with status 2 and a message saying what to change.
 * Environment defaults (``make train``): TASKS, HARNESSES, GROUP_SIZE, ITERATIONS, ENGINE_URL, RUN_ID.
+  ``--engine-url`` takes one URL or several comma-separated (vLLM replicas; each is synced every iteration).
+* Runs the same under ``accelerate launch --num_processes N -m trainer.train ...`` (DDP; rank 0 collects and
+  syncs, every rank trains: trainer/loop.py).
 * ``--run-dir`` defaults to ``runs/train/<run-id>``; running again with the same folder resumes after its last
   completed iteration (``state.json``).
 """
@@ -76,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id", default=_env("RUN_ID", ""), help="default: a timestamp ($RUN_ID)")
     r.add_argument("--model", default="default")
     r.add_argument("--cache-dir", type=Path, default=Path(".cache/harnessrl"))
-    r.add_argument("--engine-url", default=_env("ENGINE_URL", ""), help="empty: start one ($ENGINE_URL)")
+    r.add_argument(
+        "--engine-url", default=_env("ENGINE_URL", ""), help="URL(s), comma-separated; empty: start one ($ENGINE_URL)"
+    )
     r.add_argument("--staleness", choices=("refuse", "is_correct"), default="is_correct")
     r.add_argument("--max-staleness", type=int, default=1)
     r.add_argument("--is-cap", type=float, default=None, help="truncate the IS ratio above this (> 1)")
@@ -155,8 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from trainer.loop import train_run
 
-    state = train_run(run, args)
-    print(json.dumps({"run_dir": str(run.run_dir), **dataclasses.asdict(state)}))
+    try:
+        state = train_run(run, args)
+    except ConfigError as e:  # found once the trainer exists (e.g. a DeepSpeed launch)
+        print(f"trainer.train: {e}", file=sys.stderr)
+        return 2
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        print(json.dumps({"run_dir": str(run.run_dir), **dataclasses.asdict(state)}))
     return 0
 
 

@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,6 +56,25 @@ def test_a_completed_run_does_nothing(tmp_path: Path) -> None:
     loop.RunState(2, 2, str(tmp_path / "checkpoints" / "iter-0002")).write(tmp_path)
     state = loop.train_run(run, default_grpo_config(tmp_path / "trainer", num_generations=2))
     assert state.iteration == 2 and (tmp_path / "config.json").exists()
+
+
+def test_every_engine_url_must_be_up_before_the_run_starts(tmp_path: Path) -> None:
+    from trainer.engine import EngineStartError, free_port
+
+    down = f"http://127.0.0.1:{free_port()}"
+    run = RunConfig(run_dir=tmp_path, engine_url=f"{down},http://127.0.0.1:{free_port()}")
+    with pytest.raises(EngineStartError, match=down):
+        loop.start_engine(run)
+
+
+def test_sharded_training_is_refused_with_what_to_do_instead() -> None:
+    from trainer.config import ConfigError
+
+    for deepspeed, fsdp, name in ((True, False, "DeepSpeed"), (False, True, "FSDP")):
+        fake = SimpleNamespace(is_deepspeed_enabled=deepspeed, is_fsdp_enabled=fsdp)  # FAKE: only the two flags
+        with pytest.raises(ConfigError, match=f"{name} is not supported.*plain DDP"):
+            loop.check_parallelism(fake)
+    loop.check_parallelism(SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=False))
 
 
 # ------------------------------------------------------------------------------------------------ integration

@@ -1,9 +1,20 @@
-"""trainer/sync.py: checkpoints (from_pretrained, optimizer state, pruning) and pushing weights to a real engine."""
+"""trainer/sync.py: checkpoints (from_pretrained, optimizer state, pruning) and pushing weights to engines.
+
+The fan-out to several engines is tested against FAKE control planes (stdlib HTTP servers answering only the
+weight-update endpoints, with a delay in the reload, so concurrency is measurable without two real vLLMs) and a
+refused port; the integration test pushes to the real engine plus a refused URL.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from addon.engine_client import EngineClient
 from trainer import sync
 from trainer.config import default_grpo_config
+from trainer.engine import free_port
 from trainer.grpo import CapturedGRPOTrainer, LossSettings
 from trainer.samples import Sample
 
@@ -100,8 +112,8 @@ def test_sync_makes_the_engine_serve_the_checkpoint_as_a_version(
     prompts = [(1, 2, 6), (1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 6, 7)]
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     try:
-        seconds = sync.sync_weights(engine_url, folder, 41)
-        assert 0 < seconds < 120
+        result = sync.sync_weights(engine_url, folder, 41)
+        assert 0 < result.seconds < 120 and list(result.per_engine) == [engine_url]
         assert sync.served_version(engine_url) == 41
         to_trained, to_base = [], []
         for prompt in prompts:
@@ -121,3 +133,97 @@ def test_sync_makes_the_engine_serve_the_checkpoint_as_a_version(
 async def _restore(url: str, model_dir: Path, version: str) -> None:
     async with EngineClient(url) as client:
         await client.reload_weights(model_dir, version=version)
+
+
+# ------------------------------------------------------------------------------------------ several engines
+
+
+class FakeControlPlane(ThreadingHTTPServer):
+    """FAKE: vLLM's weight-update endpoints only (pause, collective_rpc, reset_prefix_cache, update_weight_version,
+    resume, weight_info), recording the calls; the reload takes ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(("127.0.0.1", 0), _ControlHandler)
+        self.delay, self.version, self.calls = delay, "0", []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _ControlHandler(BaseHTTPRequestHandler):
+    server: FakeControlPlane
+
+    def _reply(self, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._reply({"weight_version": self.server.version})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.server.calls.append(path)
+        if path == "/collective_rpc":
+            time.sleep(self.server.delay)
+        elif path == "/update_weight_version":
+            self.server.version = json.loads(body)["new_version"]
+        self._reply({"success": True} if path == "/reset_prefix_cache" else {})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeControlPlane]]:
+    servers = [FakeControlPlane(delay=1.0), FakeControlPlane(delay=1.0)]
+    yield servers
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_every_engine_is_synced_concurrently_and_reports_the_version(
+    fakes: list[FakeControlPlane], tmp_path: Path
+) -> None:
+    urls = [f.url for f in fakes]
+    result = sync.sync_weights(urls, tmp_path, 7)
+    assert sorted(result.per_engine) == sorted(urls) and all(s >= 1.0 for s in result.per_engine.values())
+    assert result.seconds < 1.9, result  # one after the other would take >= 2 s
+    steps = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    assert all(f.version == "7" and f.calls == steps for f in fakes)
+
+
+def test_a_failed_engine_is_named_and_the_others_still_switch(fakes: list[FakeControlPlane], tmp_path: Path) -> None:
+    refused = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(sync.SyncError) as caught:
+        sync.sync_weights([fakes[0].url, refused], tmp_path, 3)
+    message = str(caught.value)
+    assert f"engine {refused}: EngineUnavailable" in message and "policy version 3" in message
+    assert f"these engines switched: {fakes[0].url}" in message
+    assert list(caught.value.failures) == [refused] and caught.value.switched == (fakes[0].url,)
+    assert fakes[0].version == "3"
+
+
+def test_sync_needs_an_engine(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no engine URL"):
+        sync.sync_weights([], tmp_path, 1)
+
+
+@pytest.mark.integration
+def test_the_real_engine_switches_while_a_refused_replica_is_named(engine_url: str, model_dir: Path) -> None:
+    """The shared engine gets the base weights again (sampling unchanged for anyone else) under a new version."""
+    original = asyncio.run(sync._version(engine_url))
+    refused = f"http://127.0.0.1:{free_port()}"
+    try:
+        with pytest.raises(sync.SyncError) as caught:
+            sync.sync_weights([engine_url, refused], model_dir, 43)
+        assert list(caught.value.failures) == [refused] and caught.value.switched == (engine_url,)
+        assert f"engine {refused}" in str(caught.value)
+        assert sync.served_version(engine_url) == 43
+    finally:
+        asyncio.run(_restore(engine_url, model_dir, original))
+    assert asyncio.run(sync._version(engine_url)) == original

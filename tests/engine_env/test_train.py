@@ -60,6 +60,9 @@ def test_environment_defaults_feed_make_train(monkeypatch: pytest.MonkeyPatch) -
         (["--is-cap", "0.5"], "is_cap must be > 1"),
         (["--scale-rewards", "median"], "scale_rewards must be"),
         (["--iterations", "0"], "iterations must be >= 1"),
+        (["--engine-url", "http://a:1,b:2"], "must be http.* URLs, got 'b:2'"),
+        (["--engine-url", "http://a:1, http://a:1/"], "listed twice: http://a:1"),
+        (["--engine-url", " , "], "no engine URL given"),
     ],
 )
 def test_unsupported_settings_are_rejected_with_what_to_change(argv: list[str], message: str) -> None:
@@ -78,6 +81,13 @@ def test_cli_exits_2_with_the_message(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "use_vllm=True: generation happens in the collect phase" in done.stderr
     assert not (tmp_path / "state.json").exists()
+
+
+def test_several_engine_urls_are_parsed_and_kept_as_given() -> None:
+    run, _ = configs("--engine-url", "http://10.0.0.1:8000, http://10.0.0.2:8000/")
+    assert run.engine_urls == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+    assert run.engine_url == "http://10.0.0.1:8000, http://10.0.0.2:8000/"  # config.json records what was asked
+    assert RunConfig().engine_urls == ()  # no URL: the run starts its own engine
 
 
 def test_config_json_round_trips(tmp_path: Path) -> None:
