@@ -37,18 +37,10 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from addon.config import CaptureConfig, add_options  # noqa: E402
-from addon.routes import (  # noqa: E402
-    CountTokens,
-    LocalAnswer,
-    ModelCall,
-    ModelList,
-    WebSocketRefused,
-    classify,
-    split_session_prefix,
-)
+from addon.routes import LocalAnswer, ModelCall, classify, split_session_prefix  # noqa: E402
 from addon.runtime import Runtime  # noqa: E402
 from addon.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
-from addon.sessions import SESSION_HEADER, Evidence, attribute  # noqa: E402
+from addon.sessions import SESSION_HEADER, Evidence, api_key, attribute  # noqa: E402
 from converters import dialect_for  # noqa: E402
 from converters.canonical import ConversionError  # noqa: E402
 
@@ -121,22 +113,17 @@ class Capture:
                 flow.response = _wire_error(decision.route.format, err)
                 return
             self._retarget(flow, prefix_session, path, query)
-        elif isinstance(decision, CountTokens):
-            flow.response = await self.runtime.count_tokens(decision.route, req.raw_content or b"", headers)
-        elif isinstance(decision, ModelList):
-            flow.response = self.runtime.model_list(decision)
-        elif isinstance(decision, WebSocketRefused):
-            flow.response = http.Response.make(426, b"", {"content-type": "text/plain"})
-        elif isinstance(decision, LocalAnswer):
-            log.info(
-                "harnessrl: local answer %d for %s %s (%s)",
-                decision.status,
-                req.method,
-                req.pretty_url,
-                decision.reason,
-            )
-            body = b"{}" if decision.status == 200 else json.dumps({"error": {"message": decision.reason}}).encode()
-            flow.response = http.Response.make(decision.status, body, {"content-type": "application/json"})
+        else:
+            if isinstance(decision, LocalAnswer):
+                log.info(
+                    "harnessrl: local answer %d for %s %s (%s)",
+                    decision.status,
+                    req.method,
+                    req.pretty_url,
+                    decision.reason,
+                )
+            reply = await self.runtime.answer_locally(decision, req.raw_content or b"", headers)
+            flow.response = http.Response.make(reply.status, reply.body, reply.headers)
 
     def _retarget(self, flow: http.HTTPFlow, prefix_session: str | None, path: str, query: dict[str, str]) -> None:
         assert self.config is not None and self.runtime is not None
@@ -146,7 +133,7 @@ class Capture:
             proxyauth_user=auth[0] if isinstance(auth, tuple) and auth else None,
             prefix_session=prefix_session,
             header_session=req.headers.get(SESSION_HEADER),
-            api_key=req.headers.get("x-api-key") or req.headers.get("x-goog-api-key") or _bearer(req.headers),
+            api_key=api_key(req.headers),
         )
         session, _source = attribute(self.config.session_sources, evidence)
         for name in INTERNAL_HEADERS:
@@ -165,11 +152,6 @@ class Capture:
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         if self._intercepted(flow) and flow.websocket is not None:
             log.info("harnessrl: websocket on an intercepted host was not refused: %s", flow.request.pretty_url)
-
-
-def _bearer(headers) -> str | None:
-    value = headers.get("authorization", "")
-    return value[7:] if value.lower().startswith("bearer ") else None
 
 
 def _wire_error(format, err: ConversionError) -> http.Response:

@@ -14,6 +14,7 @@ from typing import Any
 from addon.engine_pool import parse_engine_urls
 from addon.generate import SamplingPolicy
 from addon.sessions import Budget, SessionSource, parse_sources
+from addon.tuning import ProcessTuning
 
 DEFAULT_HOSTS = "api.anthropic.com,api.openai.com,generativelanguage.googleapis.com"
 
@@ -33,7 +34,8 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_session_sources", str, "proxyauth,prefix,header", "Where session ids come from, in order."),
     ("harnessrl_max_calls", int, 0, "Per-session cap on model calls (0: none); past it, a budget stop."),
     ("harnessrl_max_tokens", int, 0, "Per-session cap on prompt+completion tokens (0: none)."),
-    ("harnessrl_max_seconds", float, 0.0, "Per-session cap on wall time in seconds (0: none)."),
+    # int: mitmproxy's option parser has no float type (a float option fails at --set)
+    ("harnessrl_max_seconds", int, 0, "Per-session cap on wall time in whole seconds (0: none)."),
     ("harnessrl_temperature", str, "", "Force this sampling temperature; empty: the request's, else 1.0."),
     ("harnessrl_default_max_tokens", int, 1024, "max_tokens when the request gives none (clamped to the context)."),
     ("harnessrl_neutral_sampling", bool, True, "Force top_p/top_k/min_p/penalties neutral (unbiased logprobs)."),
@@ -42,6 +44,15 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_server_port", int, 0, "Port of the internal generation/admin server on 127.0.0.1 (0: any)."),
     ("harnessrl_force_tool_calls", bool, False, "Testing only: constrain decoding so the model calls a tool."),
     ("harnessrl_shard_rows", int, 1000, "Rows per Parquet shard."),
+    (
+        "harnessrl_base_url",
+        bool,
+        True,
+        "Also answer vendor routes (/s/<session>/v1/...) on the internal port: a base URL without mitmproxy.",
+    ),
+    ("harnessrl_gc_young", int, 5_000, "Collector's young threshold, start-up heap frozen (0: Python's defaults)."),
+    ("harnessrl_malloc_arenas", int, 2, "glibc M_ARENA_MAX for the proxy process (0: glibc's default)."),
+    ("harnessrl_trim_every", int, 30, "Return glibc's free memory to the system at most every N s (0: never)."),
 )
 
 
@@ -64,6 +75,8 @@ class CaptureConfig:
     server_port: int
     shard_rows: int
     force_tool_calls: bool = False
+    tuning: ProcessTuning = ProcessTuning()
+    base_url: bool = True
 
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
@@ -100,7 +113,7 @@ class CaptureConfig:
             budget=Budget(
                 max_calls=o.harnessrl_max_calls or None,
                 max_tokens=o.harnessrl_max_tokens or None,
-                max_seconds=o.harnessrl_max_seconds or None,
+                max_seconds=float(o.harnessrl_max_seconds) or None,
             ),
             sampling=SamplingPolicy(
                 temperature=temperature,
@@ -112,6 +125,12 @@ class CaptureConfig:
             server_port=o.harnessrl_server_port,
             shard_rows=o.harnessrl_shard_rows,
             force_tool_calls=o.harnessrl_force_tool_calls,
+            base_url=o.harnessrl_base_url,
+            tuning=ProcessTuning(
+                gc_young=o.harnessrl_gc_young,
+                malloc_arenas=o.harnessrl_malloc_arenas,
+                trim_every=float(o.harnessrl_trim_every),
+            ),
         )
 
     def describe_hosts(self) -> str:

@@ -25,7 +25,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -131,7 +131,7 @@ class _Turn:
     request: ModelRequest
     info: CallInfo
     call_index: int
-    prompt_ids: tuple[int, ...] = ()
+    prompt_ids: Sequence[int] = ()
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     applied: dict[str, Any] = field(default_factory=dict)
@@ -230,7 +230,8 @@ class Generator:
         state = self.graphs.get(turn.info.session_id, time.monotonic())
         aux = auxiliary_reason(request) is not None
         turn.plan = await asyncio.to_thread(_plan_locked, state, request, self.splicer, aux)
-        turn.prompt_ids = turn.plan.prompt_ids
+        # the packed ids when the splice built them (checked and encoded in C downstream), else the tuple
+        turn.prompt_ids = turn.plan.packed if turn.plan.packed is not None else turn.plan.prompt_ids
         self.stats.splice(turn.plan.reason)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
@@ -390,7 +391,11 @@ def build_record(
         received_at=info.received_at,
         first_token_at=turn.first_token_at,
         done_at=_now(),
-        tokens=TurnTokens(turn.prompt_ids, tuple(turn.completion_ids), tuple(turn.logprobs)),
+        tokens=TurnTokens(
+            turn.prompt_ids,  # type: ignore[arg-type]  # packed ids are kept, stored as a tuple
+            tuple(turn.completion_ids),
+            tuple(turn.logprobs),
+        ),
         finish_reason=completion.finish_reason if completion and not turn.incomplete else None,
         tool_call_names=names,
         auxiliary=aux is not None,

@@ -47,6 +47,7 @@ class ProxyConfig:
     records_dir: Path | None = None
     options: tuple[str, ...] = ()  # extra "name=value" for --set
     startup_timeout: float = 120.0
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for mitmdump (e.g. PYTHONTRACEMALLOC)
 
     def __post_init__(self) -> None:
         for opt in self.options:
@@ -119,6 +120,7 @@ def start(config: ProxyConfig) -> ProxyHandle:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            env=os.environ | dict(config.env) if config.env else None,
             start_new_session=True,
         )
     handle = ProxyHandle(proc, port, admin, config.workdir / "mitm", records, log, config.mode)

@@ -284,6 +284,12 @@ class RecordStore:
 
     # -------------------------------------------------------------------------------------------- append
 
+    @property
+    def buffered_rows(self) -> int:
+        """Acknowledged rows held in memory until the next shard (a failed shard write's rows included)."""
+        with self._lock:
+            return self._buffer.rows + self._failed.rows
+
     def append(self, record: CallRecord) -> None:
         """Make ``record`` durable (WAL + fsync) before returning; write a shard when the buffer is full."""
         if record.run_id != self.run_id:

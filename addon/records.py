@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from addon import token_ids
 from addon.record_json import pack_json as pack_json  # re-exported: the blob columns' encoding
 from addon.record_json import unpack_json as unpack_json
 from converters.canonical import WIRE_FORMATS, FinishReason, WireFormat
@@ -100,12 +101,14 @@ class TurnTokens:
     call instead of a Python-level pass per check and another for the Arrow column.
     """
 
-    prompt_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...]  # given as any sequence (an array('i') is used packed as it is); held as a tuple
     completion_ids: tuple[int, ...] = ()
     completion_logprobs: tuple[float, ...] = ()
     _arrow: tuple[pa.Array, pa.Array, pa.Array] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Ids already packed (the session graph's array('i'), read-only) back the Arrow column as they are.
+        packed = self.prompt_ids if isinstance(self.prompt_ids, array) else None
         # Accept any sequence (lists from the engine) but store tuples, so a record cannot change after the fact.
         for name in ("prompt_ids", "completion_ids", "completion_logprobs"):
             value = getattr(self, name)
@@ -125,7 +128,7 @@ class TurnTokens:
                 f"completion_ids has {len(self.completion_ids)} tokens but completion_logprobs has "
                 f"{len(self.completion_logprobs)}; each sampled token needs exactly one logprob"
             )
-        prompt = _pack_ids(self.prompt_ids, "prompt_ids")
+        prompt = _pack_ids(packed if packed is not None else self.prompt_ids, "prompt_ids")
         object.__setattr__(self, "_arrow", (prompt, _pack_ids(self.completion_ids, "completion_ids"), lp))
 
     def arrow(self) -> tuple[pa.Array, pa.Array, pa.Array]:
@@ -133,19 +136,9 @@ class TurnTokens:
         return self._arrow
 
 
-def _pack_ids(ids: tuple[int, ...], name: str) -> pa.Array:
+def _pack_ids(ids: Sequence[int], name: str) -> pa.Array:
     """Token ids as an int32 Arrow array over an ``array('i')`` buffer; ValueError outside [0, 2**31)."""
-    try:
-        packed = array("i", ids)  # one C loop; raises for anything outside int32 or not an int
-    except (OverflowError, TypeError) as e:
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= _INT32_MAX][:3]
-        raise ValueError(f"{name} must hold token ids in [0, 2**31); got {bad}") from e
-    arr = pa.Array.from_buffers(pa.int32(), len(packed), [None, pa.py_buffer(packed)])
-    if len(packed):
-        low = pc.min(arr).as_py()
-        if low < 0:
-            raise ValueError(f"{name} must hold token ids in [0, 2**31); got {low}..{pc.max(arr).as_py()}")
-    return arr
+    return token_ids.arrow(token_ids.pack(ids, name))
 
 
 @dataclass(frozen=True)

@@ -19,24 +19,26 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import http
-
+from addon import tuning
 from addon.aio import spawn
+from addon.base_url import BaseUrlEndpoint
 from addon.config import CaptureConfig
 from addon.engine_client import EngineError
 from addon.engine_pool import EnginePool
 from addon.generate import Generator
 from addon.record_store import RecordStore, StoreConfig
 from addon.render import PromptRenderer
-from addon.routes import ModelList
+from addon.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
 from addon.server import InternalServer
 from addon.sessions import SessionRegistry
 from addon.splice import SpliceRenderer
 from addon.stats import Stats
+from addon.tuning import Trimmer
 from converters import dialect_for
 from converters.base import Route, load_json_object
 from converters.canonical import ConversionError
@@ -58,6 +60,7 @@ class Runtime:
         self.server: InternalServer | None = None
         self._bind_lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
+        self.trimmer = Trimmer(config.tuning)
 
     @property
     def port(self) -> int:
@@ -77,7 +80,10 @@ class Runtime:
             config.max_body,
             flush_session=store.close_session,
             set_policy_version=runtime.set_policy_version,
+            memory_probes=runtime.memory_probes(),
         )
+        if config.base_url:
+            BaseUrlEndpoint(runtime.server, config.session_sources, config.max_body, runtime.answer_locally).install()
         await runtime.server.start(port=config.server_port)
         try:
             await runtime.bind()
@@ -86,6 +92,28 @@ class Runtime:
                 "harnessrl: engine at %s not usable yet (%s); calls get 503 until it is", runtime.engine.describe(), e
             )
         return runtime
+
+    def memory_probes(self) -> dict[str, Callable[[], Any]]:
+        """What the admin memory route reports of this runtime's own structures (each read when asked)."""
+
+        def generator_probe() -> dict[str, int]:
+            g = self.generator
+            if g is None:
+                return {}
+            return {
+                "graph_sessions": len(g.graphs),
+                "graph_token_ids": g.graphs.tokens_held,
+                "graph_nodes": g.graphs.nodes_held,
+                "json_fragments": len(g.canonical_json),
+                "json_fragment_chars": g.canonical_json.cached_chars,
+            }
+
+        return {
+            "sessions": lambda: len(self.sessions),
+            "generator": generator_probe,
+            "store_buffered_rows": lambda: self.store.buffered_rows,
+            "trims": lambda: {"count": self.trimmer.trims, "returned_mib": round(self.trimmer.returned_mib, 1)},
+        }
 
     async def bind(self) -> Generator:
         """Ask the engines what they serve and load the tokenizer (once)."""
@@ -113,6 +141,8 @@ class Runtime:
                 policy=self.config.sampling,
                 force_tool_calls=self.config.force_tool_calls,
             )
+            for line in tuning.apply(self.config.tuning):  # after the tokenizer loaded: it is frozen with the rest
+                log.info("harnessrl: %s", line)
             await self.engine.poll()  # each engine's weight version before the first call
             if all(e.policy_version is None for e in self.engine.engines):
                 log.warning("harnessrl: no engine reports a weight version; records carry none")
@@ -132,6 +162,7 @@ class Runtime:
             await self.engine.poll()  # never raises an engine error: a failing engine is marked down
             if self.generator is not None:
                 self.generator.graphs.evict(time.monotonic())  # idle sessions and the memory cap
+            await self.trimmer.maybe_trim()
             await asyncio.sleep(every)
 
     def set_policy_version(self, version: int | None) -> None:
@@ -146,7 +177,7 @@ class Runtime:
         await asyncio.to_thread(self.store.close)
         await self.engine.aclose()
 
-    async def count_tokens(self, route: Route, body: bytes, headers: Mapping[str, str]) -> http.Response:
+    async def count_tokens(self, route: Route, body: bytes, headers: Mapping[str, str]) -> LocalReply:
         dialect = dialect_for(route.format)
         try:
             await self.bind()
@@ -158,14 +189,14 @@ class Runtime:
             count = await asyncio.to_thread(self.renderer.count_tokens, request)
         except ConversionError as err:
             wire = dialect.render_error(err)
-            return http.Response.make(wire.status, wire.body, dict(wire.headers))
+            return LocalReply(wire.status, wire.body, dict(wire.headers))
         except EngineError as e:
             wire = dialect.render_error(ConversionError("overloaded", f"engine unavailable: {e}", retry_after=1.0))
-            return http.Response.make(wire.status, wire.body, dict(wire.headers))
+            return LocalReply(wire.status, wire.body, dict(wire.headers))
         payload = {"input_tokens": count} if route.format == "anthropic" else {"totalTokens": count}
-        return http.Response.make(200, json.dumps(payload).encode(), {"content-type": "application/json"})
+        return LocalReply(200, json.dumps(payload).encode(), _JSON)
 
-    def model_list(self, decision: ModelList) -> http.Response:
+    def model_list(self, decision: ModelList) -> LocalReply:
         name = decision.model_id or self.served_model or "harnessrl"
         created = int(time.time())
         card: dict[str, Any]
@@ -184,7 +215,33 @@ class Runtime:
         else:
             card = {"id": name, "object": "model", "created": created, "owned_by": "harnessrl"}
             body = card if decision.model_id else {"object": "list", "data": [card]}
-        return http.Response.make(200, json.dumps(body).encode(), {"content-type": "application/json"})
+        return LocalReply(200, json.dumps(body).encode(), _JSON)
+
+    async def answer_locally(
+        self,
+        decision: CountTokens | ModelList | WebSocketRefused | LocalAnswer,
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> LocalReply:
+        """The answer to a request that is not a model call (the addon and the base-URL endpoint share it)."""
+        if isinstance(decision, CountTokens):
+            return await self.count_tokens(decision.route, body, headers)
+        if isinstance(decision, ModelList):
+            return self.model_list(decision)
+        if isinstance(decision, WebSocketRefused):
+            return LocalReply(426, b"", {"content-type": "text/plain"})
+        reply = b"{}" if decision.status == 200 else json.dumps({"error": {"message": decision.reason}}).encode()
+        return LocalReply(decision.status, reply, _JSON)
+
+
+@dataclass(frozen=True)
+class LocalReply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+_JSON = {"content-type": "application/json"}
 
 
 class _LazyGenerator:

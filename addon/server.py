@@ -12,7 +12,10 @@ Contract
 * ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
   flushes a session's records into shards and frees its prefix graph; ``GET /_harnessrl/admin/stats`` — calls/s,
   p50/p99 overhead, errors and the event loop's health (``loop``);
-  ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights.
+  ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights;
+  ``GET /_harnessrl/admin/memory[?top=N]`` — where the memory goes (:mod:`addon.memory`: RSS, the C allocator's
+  in-use and free-held bytes, objects by type, the runtime's structures, tracemalloc's top lines when tracing);
+  ``POST /_harnessrl/admin/memory/trim`` — return the allocator's free memory to the system (RSS before/after).
 
 Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
 
@@ -27,7 +30,7 @@ loop is busy (the dropped connects then wait for SYN retransmits, 1 s, 3 s, 7 s 
 Health of the event loop: :class:`LoopMonitor` runs while the server does and the stats route reports it under
 ``"loop"``: the worst and recent lateness of the loop's wake-ups and the longest garbage-collector pause. Every
 call of this process (mitmproxy's TLS, rendering, the engine client's timers) shares this one loop, so a lag of
-seconds turns into client-visible timeouts (the engine connect timeout is 5 s); the soak reports these figures.
+seconds turns into client-visible timeouts; the soak reports these figures.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -46,6 +49,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
+from addon import memory
 from addon.generate import CallInfo, ResponseSink
 from addon.routes import ModelCall, classify
 from addon.sessions import SessionRegistry
@@ -159,6 +163,7 @@ class InternalServer:
         flush_session=None,
         set_policy_version=None,
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+        memory_probes: Mapping[str, Callable[[], Any]] | None = None,
     ) -> None:
         self.generator = generator
         self.shutdown_grace_s = shutdown_grace_s
@@ -167,12 +172,15 @@ class InternalServer:
         self.run_id = run_id
         self._flush_session = flush_session
         self._set_policy_version = set_policy_version
+        self._memory_probes = dict(memory_probes or {})
         self.app = web.Application(client_max_size=max_body + 1024 * 1024)
         self.app.router.add_post(CALL_PATH, self._call)
         self.app.router.add_get("/_harnessrl/admin/sessions", self._sessions)
         self.app.router.add_post("/_harnessrl/admin/sessions/{session}/close", self._close)
         self.app.router.add_get("/_harnessrl/admin/stats", self._stats)
         self.app.router.add_post("/_harnessrl/admin/policy_version", self._policy_version)
+        self.app.router.add_get("/_harnessrl/admin/memory", self._memory)
+        self.app.router.add_post("/_harnessrl/admin/memory/trim", self._trim)
         self._runner: web.AppRunner | None = None
         self._calls: set[asyncio.Task] = set()  # handlers of calls in flight, for a bounded shutdown
         self.loop_monitor = LoopMonitor()
@@ -210,25 +218,39 @@ class InternalServer:
         self._runner = None
 
     async def _call(self, request: web.Request) -> web.StreamResponse:
-        received = datetime.now(UTC)
         original = request.headers.get(HEADER_PATH, "")
         parts = urlsplit(original)
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in INTERNAL_HEADERS}
         decision = classify("POST", parts.path, dict(parse_qsl(parts.query)), headers)
         if not isinstance(decision, ModelCall):
             return web.json_response({"error": f"not a model route: {original!r}"}, status=404)
-        body = await request.read()
+        session = request.headers.get(HEADER_SESSION, "unattributed")
+        return await self.serve_model_call(request, decision, session, headers, request.headers.get(HEADER_CALL_ID))
+
+    async def serve_model_call(
+        self,
+        request: web.Request,
+        decision: ModelCall,
+        session: str,
+        headers: dict[str, str],
+        call_id: str | None = None,
+        body: bytes | None = None,
+    ) -> web.StreamResponse:
+        """Generate the answer to one model call of ``session`` and stream it to ``request``'s client."""
+        received = datetime.now(UTC)
+        if body is None:
+            body = await request.read()
         ua = headers.get("user-agent", "")
         harness, version = harness_from_user_agent(ua)
         info = CallInfo(
             run_id=self.run_id,
-            session_id=request.headers.get(HEADER_SESSION, "unattributed"),
+            session_id=session,
             route=decision.route,
             headers=headers,
             received_at=received,
             harness=harness,
             harness_version=version,
-            call_id=request.headers.get(HEADER_CALL_ID) or uuid.uuid4().hex,
+            call_id=call_id or uuid.uuid4().hex,
         )
         sink = _Sink(request)
         task = asyncio.current_task()
@@ -278,6 +300,17 @@ class InternalServer:
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats.snapshot() | {"loop": self.loop_monitor.snapshot()})
+
+    async def _memory(self, request: web.Request) -> web.Response:
+        try:
+            top = int(request.query.get("top", "20"))
+        except ValueError:
+            return web.json_response({"error": "top must be an integer"}, status=400)
+        report = await asyncio.to_thread(memory.memory_report, self._memory_probes, max(1, min(top, 200)))
+        return web.json_response(report)
+
+    async def _trim(self, request: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(memory.trim))
 
 
 # (pattern on the User-Agent, harness name). The version is the first dotted number after the match. Some harnesses

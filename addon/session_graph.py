@@ -155,6 +155,11 @@ class SessionGraphs:
         with self._lock:
             return sum(s.tokens_held for s in self._states.values())
 
+    @property
+    def nodes_held(self) -> int:
+        with self._lock:
+            return sum(len(s.nodes) for s in self._states.values())
+
     def evict(self, now: float) -> list[str]:
         """Drop idle sessions, then the least recently used until under the cap; returns the evicted ids."""
         with self._lock:

@@ -24,7 +24,7 @@ forgets the session's prefix graph there); a closed session that calls again is 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -57,6 +57,13 @@ def parse_sources(text: str) -> tuple[SessionSource, ...]:
     if not out:
         raise ValueError("at least one session source is needed")
     return tuple(out)
+
+
+def api_key(headers: Mapping[str, str]) -> str | None:
+    """The caller's API key, in whichever vendor header it came (``headers`` read case-insensitively or lower-cased)."""
+    value = headers.get("authorization", "")
+    bearer = value[7:] if value.lower().startswith("bearer ") else None
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or bearer
 
 
 def attribute(sources: Iterable[SessionSource], evidence: Evidence) -> tuple[str, SessionSource | None]:
@@ -147,6 +154,9 @@ class SessionRegistry:
         for callback in self._on_close:
             callback(session_id)
         return state
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     def snapshot(self) -> list[SessionState]:
         return list(self._sessions.values())

@@ -26,7 +26,7 @@ import httpx
 from addon import launch
 from benchmarks import tree
 from benchmarks.fake_engine import SERVED
-from benchmarks.replayer import Direct, Proxied
+from benchmarks.replayer import BaseUrl, Direct, Proxied
 from benchmarks.side_by_side import context_sweep, run_level
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,11 @@ def compare(python: str, paced_url: str, unpaced_url: str, args: argparse.Namesp
     proc, url = start(python, unpaced_url, work / "openenv-ctx.log")
     (proxy,) = tree.start_proxies(unpaced_url, 1, work / "openenv-ctx-harnessrl", args.model_dir)
     try:
-        for name, target in (("openenv", Direct(url)), ("harnessrl x1", Proxied((proxy,)))):
+        for name, target in (
+            ("openenv", Direct(url)),
+            ("harnessrl x1", Proxied((proxy,))),
+            ("harnessrl base URL x1", BaseUrl((proxy,))),
+        ):
             rows = context_sweep(unpaced_url, target, args.contexts, args.context_calls, args.seed, ("chat",))
             out["contexts"] += [{"target": name} | asdict(r) for r in rows]
     finally:
@@ -83,10 +87,11 @@ def compare(python: str, paced_url: str, unpaced_url: str, args: argparse.Namesp
             out["levels"].append(asdict(row) | {"first_error": next((c.error for c in log.calls if c.error), None)})
         finally:
             stop(proc)
-        (proxy,) = tree.start_proxies(paced_url, 1, work / f"openenv-{n}-harnessrl", args.model_dir)
-        try:
-            row, _ = run_level("harnessrl x1", Proxied((proxy,)), n, args.seconds, args.seed, ("chat",))
-            out["levels"].append(asdict(row))
-        finally:
-            proxy.stop()
+        for name, kind in (("harnessrl x1", Proxied), ("harnessrl base URL x1", BaseUrl)):
+            (proxy,) = tree.start_proxies(paced_url, 1, work / f"openenv-{n}-{kind.__name__}", args.model_dir)
+            try:
+                row, _ = run_level(name, kind((proxy,)), n, args.seconds, args.seed, ("chat",))
+                out["levels"].append(asdict(row))
+            finally:
+                proxy.stop()
     return out

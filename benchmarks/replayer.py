@@ -75,7 +75,17 @@ class Internal:
     kind: str = "internal"
 
 
-Target = Direct | Proxied | Internal
+@dataclass(frozen=True)
+class BaseUrl:
+    """Proxies' internal servers used as a base URL (``http://127.0.0.1:<port>/s/<session>/v1/...``; the
+    ``harnessrl_base_url`` endpoint): how a harness that takes a base URL reaches harnessrl without mitmproxy.
+    Sessions are spread over the proxies as with :class:`Proxied`."""
+
+    proxies: tuple[ProxyHandle, ...]
+    kind: str = "base_url"
+
+
+Target = Direct | Proxied | Internal | BaseUrl
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,10 @@ def _client(target: Target, session: str, index: int, contexts: list[ssl.SSLCont
         hdr = {"x-harnessrl-session": session}
         client = httpx.AsyncClient(timeout=t, limits=limits, headers=hdr)
         return _Client(client, f"http://127.0.0.1:{target.proxy.admin_port}", 0, internal=True)
+    if isinstance(target, BaseUrl):
+        n = index % len(target.proxies)
+        base = f"http://127.0.0.1:{target.proxies[n].admin_port}/s/{session}"
+        return _Client(httpx.AsyncClient(timeout=t, limits=limits), base, n)
     if isinstance(target, Direct):
         # the session as the API key: how OpenEnv's capture server tells sessions apart (others ignore it)
         auth = {"authorization": f"Bearer {session}"}
@@ -187,7 +201,7 @@ async def send(client: _Client, call: WireCall, session: str, index: int, attemp
 def _admin_port(target: Target, slot: int) -> int | None:
     if isinstance(target, Internal):
         return target.proxy.admin_port
-    if isinstance(target, Proxied):
+    if isinstance(target, Proxied | BaseUrl):
         return target.proxies[slot % len(target.proxies)].admin_port
     return None
 

@@ -39,7 +39,7 @@ from addon.launch import ProxyHandle  # noqa: E402
 from addon.record_store import RecordStore  # noqa: E402
 from addon.records import read_records, records_from_table  # noqa: E402
 from benchmarks import fake_engine, tree  # noqa: E402
-from benchmarks.replayer import Direct, Internal, Proxied, ReplayLog, Target, replay, verify  # noqa: E402
+from benchmarks.replayer import BaseUrl, Direct, Internal, Proxied, ReplayLog, Target, replay, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, context_script, make_script  # noqa: E402
 from converters.canonical import WireFormat  # noqa: E402
 from tasks.barchart import bar_chart_png  # noqa: E402
@@ -93,7 +93,7 @@ def context_sweep(
         proxied = asyncio.run(replay(target, scripts, concurrency=1))
         steady, first, d = _paired(direct, proxied)
         sessions = {s.session_id for s in scripts}
-        lens = _prompt_lengths(target.proxies[0], sessions) if isinstance(target, Proxied) else []
+        lens = _prompt_lengths(target.proxies[0], sessions) if isinstance(target, Proxied | BaseUrl) else []
         rows.append(
             ContextRow(
                 tokens,
@@ -148,7 +148,7 @@ def run_level(
     pids: Sequence[int] = (),
 ) -> tuple[LevelRow, ReplayLog]:
     """``sessions`` slots for ``seconds``; CPU and RSS are those of the proxies (or of ``pids``)."""
-    procs = list(pids) or ([h.process.pid for h in target.proxies] if isinstance(target, Proxied) else [])
+    procs = list(pids) or ([h.process.pid for h in target.proxies] if isinstance(target, Proxied | BaseUrl) else [])
     cpu0 = sum(tree.cpu_seconds(p) for p in procs)
     rss0 = sum(tree.rss_bytes(p) for p in procs)
 
@@ -184,10 +184,15 @@ def load_levels(
     rows: list[LevelRow] = []
     for n in levels:
         rows.append(run_level("direct", Direct(engine_url), n, seconds, seed)[0])
-        for k in sorted({1, procs}):
-            handles = tree.start_proxies(engine_url, k, work / f"lvl-{n}-{k}", model_dir)
+        for k, base_url in [(k, False) for k in sorted({1, procs})] + [(1, True)]:
+            handles = tree.start_proxies(engine_url, k, work / f"lvl-{n}-{k}-{base_url}", model_dir)
+            name, target = (
+                ("harnessrl base URL x1", BaseUrl(tuple(handles)))
+                if base_url
+                else (f"harnessrl x{k}", Proxied(tuple(handles)))
+            )
             try:
-                row, log = run_level(f"harnessrl x{k}", Proxied(tuple(handles)), n, seconds, seed)
+                row, log = run_level(name, target, n, seconds, seed)
             finally:
                 for h in handles:
                     h.stop()
@@ -274,6 +279,10 @@ def fraction_table(levels: list[LevelRow]) -> list[str]:
     return out
 
 
+def _short(target: str) -> str:
+    return "url" if "URL" in target else target.split()[-1]
+
+
 def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -297,6 +306,20 @@ def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path
             f"| {c.target_tokens} | {c.prompt_tokens_p50} | {c.steady_p50_ms:.1f} | {c.steady_p99_ms:.1f} | "
             f"{c.first_p50_ms:.1f} | {c.direct_p50_ms:.1f} | {c.calls} |"
         )
+    if results.get("contexts_base_url"):
+        lines += [
+            "",
+            "Through the base-URL endpoint (`http://127.0.0.1:<port>/s/<session>/v1/...`, no mitmproxy):",
+            "",
+            "| context (target tokens) | prompt tokens p50 | steady p50 ms | steady p99 ms | first call p50 ms "
+            "| direct p50 ms | calls |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in results["contexts_base_url"]:
+            lines.append(
+                f"| {c.target_tokens} | {c.prompt_tokens_p50} | {c.steady_p50_ms:.1f} | {c.steady_p99_ms:.1f} | "
+                f"{c.first_p50_ms:.1f} | {c.direct_p50_ms:.1f} | {c.calls} |"
+            )
     lines += ["", "## Throughput by concurrent sessions", "", *fraction_table(results["levels"]), ""]
     d = results["durability"]
     lines += [
@@ -312,7 +335,10 @@ def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path
     page.write_text("\n".join(lines))
     direct = {r.sessions: r.calls_per_s for r in results["levels"] if r.target == "direct"}
     bars = [
-        (f"{r.target.split()[-1]} {r.sessions}", 100 * r.calls_per_s / direct[r.sessions])
+        (
+            f"{'url' if 'URL' in r.target else r.target.split()[-1]} {r.sessions}",
+            100 * r.calls_per_s / direct[r.sessions],
+        )
         for r in results["levels"]
         if r.target != "direct" and direct.get(r.sessions)
     ]
@@ -351,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 results["contexts"] = context_sweep(
                     unpaced.url, Proxied((proxy,)), args.contexts, args.context_calls, args.seed
+                )
+                results["contexts_base_url"] = context_sweep(
+                    unpaced.url, BaseUrl((proxy,)), args.contexts, args.context_calls, args.seed + 1
                 )
             finally:
                 proxy.stop()

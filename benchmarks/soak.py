@@ -70,6 +70,7 @@ class SoakResult:
     proxy_accept_queue_max: dict[str, int] = field(default_factory=dict)  # mitmproxy's and the internal server's
     stop_s: float = 0.0
     wal_rows_left: int = 0  # rows the stopped proxy left in its write-ahead log (recovered before the check)
+    memory: dict[str, Any] = field(default_factory=dict)  # the proxy's admin memory report at the end, and a trim
 
     @property
     def ok(self) -> bool:
@@ -115,6 +116,17 @@ def proxy_admin_stats(admin_port: int) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
+def proxy_memory(admin_port: int, top: int = 15) -> dict[str, Any]:
+    """The proxy's ``/_harnessrl/admin/memory`` report, then what a ``malloc_trim`` gives back (RSS before/after):
+    live data vs memory the C allocator holds free."""
+    base = f"http://127.0.0.1:{admin_port}/_harnessrl/admin/memory"
+    with urllib.request.urlopen(f"{base}?top={top}", timeout=300) as r:
+        report = dict(json.loads(r.read()))
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/trim", method="POST"), timeout=60) as r:
+        report["trim"] = json.loads(r.read())
+    return report
+
+
 def soak(
     model_dir: str | Path,
     sessions: int,
@@ -126,10 +138,13 @@ def soak(
     seed: int = 7,
     sample_s: float = 5.0,
     scale: float = 1.0,
+    tracemalloc_frames: int = 0,
+    options: tuple[str, ...] = (),
 ) -> SoakResult:
     engine = fake_engine.spawn(model_dir, launch.free_port(), token_rate=token_rate, tokens=tokens)
     try:
-        (proxy,) = tree.start_proxies(engine.url, 1, work, model_dir)
+        env = {"PYTHONTRACEMALLOC": str(tracemalloc_frames)} if tracemalloc_frames else None
+        (proxy,) = tree.start_proxies(engine.url, 1, work, model_dir, options, env=env)
         sampler = _Sampler(proxy.process.pid, sample_s, {"mitmproxy": proxy.port, "internal": proxy.admin_port})
         sampler.start()
 
@@ -144,6 +159,7 @@ def soak(
             sampler.join()
             engine_stats = engine.stats()
             proxy_stats = proxy_admin_stats(proxy.admin_port)
+            memory = proxy_memory(proxy.admin_port)
             t_stop = time.monotonic()
             proxy.stop()
             stop_s = time.monotonic() - t_stop
@@ -174,6 +190,7 @@ def soak(
         proxy_accept_queue_max=dict(sampler.queues),
         stop_s=round(stop_s, 2),
         wal_rows_left=wal_rows_left,
+        memory=memory,
     )
 
 
@@ -183,10 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=384)
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--token-rate", type=float, default=50.0)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a proxy option (repeatable)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every text size of the sessions")
+    ap.add_argument(
+        "--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace the proxy's allocations (slows it)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="harnessrl-soak-") as tmp:
-        result = soak(args.model_dir, args.sessions, args.seconds, Path(tmp), token_rate=args.token_rate)
+        result = soak(
+            args.model_dir,
+            args.sessions,
+            args.seconds,
+            Path(tmp),
+            token_rate=args.token_rate,
+            scale=args.scale,
+            tracemalloc_frames=args.tracemalloc,
+            options=tuple(args.set),
+        )
     text = json.dumps(asdict(result) | {"ok": result.ok}, indent=1, default=str)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

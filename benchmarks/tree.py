@@ -13,7 +13,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,14 +92,21 @@ def machine_facts() -> MachineFacts:
 
 
 def start_proxies(
-    engine_url: str, n: int, workdir: Path, model_dir: str | Path, options: Sequence[str] = ()
+    engine_url: str,
+    n: int,
+    workdir: Path,
+    model_dir: str | Path,
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> list[ProxyHandle]:
-    """``n`` mitmdump + capture processes against ``engine_url``, each with its own workdir and records folder."""
+    """``n`` mitmdump + capture processes against ``engine_url``, each with its own workdir and records folder
+    (``env``: extra environment for them)."""
     handles: list[ProxyHandle] = []
     try:
         for i in range(n):
             opts = (f"harnessrl_model_dir={model_dir}", *options)
-            handles.append(launch.start(launch.ProxyConfig(engine_url, workdir / f"proxy-{i}", options=opts)))
+            cfg = launch.ProxyConfig(engine_url, workdir / f"proxy-{i}", options=opts, env=tuple((env or {}).items()))
+            handles.append(launch.start(cfg))
     except BaseException:
         for h in handles:
             h.stop()

@@ -8,12 +8,14 @@ weight-reload calls (including what happens when one of them fails).
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from addon import engine_client
 from addon.engine_client import (
     BadRequest,
     Choice,
@@ -203,6 +205,25 @@ def test_request_validation_and_structured_payloads() -> None:
         payload = completion_payload(req, stream=False)
         assert payload["structured_outputs"] == expected
         assert payload["stop_token_ids"] == [2] and payload["model"] == "lora-a"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_request_body_is_the_payload_with_the_prompt_written_in_c(stream: bool) -> None:
+    packed = array("i", range(1000, 1300))
+    for req in (
+        REQ,
+        GenerationRequest(packed, 8, structured=Regex("a+"), stop_token_ids=(2,), seed=3),
+    ):
+        body = engine_client.completion_body(req, stream=stream)
+        assert json.loads(body) == completion_payload(req, stream=stream)
+        assert body.startswith(b'{"prompt":[') and b" " not in body  # compact
+
+
+def test_a_prompt_that_is_not_token_ids_is_refused_when_the_request_is_made() -> None:
+    with pytest.raises(ValueError, match="prompt_ids must hold token ids"):
+        GenerationRequest((1, -5), 4)
+    with pytest.raises(ValueError, match="prompt_ids must not be empty"):
+        GenerationRequest(array("i"), 4)
 
 
 def reload_server(fail_on: str | None = None) -> tuple[EngineClient, list[str]]:

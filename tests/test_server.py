@@ -214,3 +214,57 @@ async def test_the_stats_route_reports_event_loop_lag_and_collector_pauses(world
     assert 0.4 < loop["lag_max_s"] < 5.0, loop
     assert loop["lag_p99_last_60s"] == loop["lag_max_s"]  # the blocked sample is the worst of the last minute
     assert loop["gc_max_s"][2] > 0.0 and loop["gc_total_s"] + 0.01 >= loop["gc_max_s"][2]
+
+
+async def test_the_memory_route_reports_the_runtime_structures_and_the_allocator(world: World) -> None:
+    """Where the memory goes: the soak reads this report at its end (live structures vs memory the allocators hold)."""
+    first = await world.call("m1", USER)
+    turn = _assistant_turn(first.content)
+    history = USER + [turn, {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "a.py"}]
+    assert (await world.call("m1", history)).status_code == 200
+    base = f"http://127.0.0.1:{world.runtime.port}/_harnessrl/admin/memory"
+    async with httpx.AsyncClient(timeout=60) as client:
+        report = (await client.get(base, params={"top": 5})).json()
+        bad = await client.get(base, params={"top": "many"})
+        trimmed = (await client.post(f"{base}/trim")).json()
+    live = report["structures"]["generator"]
+    assert live["graph_sessions"] == 1 and live["graph_nodes"] == 2
+    assert live["graph_token_ids"] == world.runtime.generator.graphs.tokens_held > 0
+    assert live["json_fragments"] > 0 and live["json_fragment_chars"] > 0
+    assert report["structures"]["sessions"] == 1 and report["structures"]["store_buffered_rows"] == 2
+    assert report["structures"]["trims"] == {"count": 0, "returned_mib": 0.0}  # the first is due after 30 s
+    assert report["rss_mib"] > 10 and report["python"]["allocated_blocks"] > 0
+    assert len(report["python"]["gc_objects_by_type"]) == 5
+    assert report["mappings"]["file"]["rss_mib"] > 0  # shared libraries at least
+    assert report["malloc"] is None or report["malloc"]["in_use_mib"] > 0  # glibc only
+    assert report["tracemalloc"] is None  # not traced unless PYTHONTRACEMALLOC is set
+    assert bad.status_code == 400
+    assert trimmed["rss_after_mib"] > 0 and trimmed["rss_before_mib"] > 0
+
+
+def test_tuning_options_are_parsed_and_checked() -> None:
+    options = Options()
+    add_options(options)
+    config = CaptureConfig.from_options(options)
+    assert (config.tuning.gc_young, config.tuning.malloc_arenas, config.tuning.trim_every) == (5_000, 2, 30.0)
+    options.update(harnessrl_gc_young=0, harnessrl_trim_every=5)
+    assert CaptureConfig.from_options(options).tuning.trim_every == 5.0
+    options.update(harnessrl_malloc_arenas=-1)
+    with pytest.raises(ValueError, match="harnessrl_malloc_arenas"):
+        CaptureConfig.from_options(options)
+
+
+def test_every_option_can_be_set_on_the_command_line(tmp_path: Path) -> None:
+    """mitmproxy parses ``--set`` values by the option's declared type and knows no float: a float option made
+    mitmdump exit at start-up as soon as it was set."""
+    from mitmproxy.utils import typecheck
+
+    from addon.config import OPTIONS
+
+    for name, typ, default, _ in OPTIONS:
+        typecheck.check_option_type(name, default, typ)
+        options = Options()
+        add_options(options)
+        value = str(default).lower() if typ is bool else str(default)
+        options.set(f"{name}={value}")
+        assert getattr(options, name) == default

@@ -1,0 +1,138 @@
+"""addon/base_url.py: the internal server as a base URL, without mitmproxy — the official SDKs pointed at it with a
+session prefix, every route kind (model call streamed and not, count-tokens, model listing, local answers), the
+session from the prefix or the header, and oversized bodies refused in the caller's format. The runtime is the real
+one (generator, record store, tokenizer) against the FAKE engine of benchmarks/fake_engine.py, served in process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+from mitmproxy.options import Options
+
+from addon.config import CaptureConfig, add_options
+from addon.records import read_records
+from addon.runtime import Runtime
+from benchmarks.fake_engine import FakeEngine
+
+
+class Base:
+    def __init__(self, runtime: Runtime, records: Path) -> None:
+        self.runtime, self.records = runtime, records
+
+    def url(self, session: str | None = None) -> str:
+        prefix = f"/s/{session}" if session else ""
+        return f"http://127.0.0.1:{self.runtime.port}{prefix}"
+
+    async def rows(self) -> list[dict]:
+        await asyncio.wait_for(self.runtime.stop(), 30)
+        columns = ["session_id", "wire_format", "call_index", "completion_ids"]
+        return read_records([str(self.records)], columns=columns).to_pylist()
+
+
+async def start(tokenizer_dir: Path, tmp_path: Path, **extra: object) -> tuple[Base, TestServer]:
+    engine = FakeEngine.build(tokenizer_dir, tokens=12, max_model_len=8192)
+    server = TestServer(engine.app())
+    await server.start_server()
+    options = Options()
+    add_options(options)
+    options.update(
+        harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
+        harnessrl_model_dir=str(tokenizer_dir),
+        harnessrl_records_dir=str(tmp_path / "records"),
+        harnessrl_max_body=200_000,
+        **extra,
+    )
+    runtime = await Runtime.start(CaptureConfig.from_options(options))
+    return Base(runtime, tmp_path / "records"), server
+
+
+@pytest.fixture
+async def base(smollm2_tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[Base]:
+    b, server = await start(smollm2_tokenizer_dir, tmp_path)
+    try:
+        yield b
+    finally:
+        await asyncio.wait_for(b.runtime.stop(), 30)
+        await server.close()
+
+
+async def test_the_official_sdks_talk_to_it_with_a_session_prefix(base: Base) -> None:
+    oai = openai.AsyncOpenAI(base_url=base.url("chat-1") + "/v1", api_key="k", max_retries=0)
+    done = await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    assert done.choices[0].message.content is not None and done.usage is not None
+    assert done.usage.completion_tokens == 8
+    chunks = [
+        c
+        async for c in await oai.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True
+        )
+    ]
+    assert chunks and chunks[-1].choices[0].finish_reason == "length"
+    models = await oai.models.list()
+    assert [m.id for m in models.data] == [base.runtime.served_model]
+
+    claude = anthropic.AsyncAnthropic(base_url=base.url("msg-1"), api_key="k", max_retries=0)
+    message = await claude.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+    assert message.usage.output_tokens == 8 and message.stop_reason == "max_tokens"
+    counted = await claude.messages.count_tokens(model="m", messages=[{"role": "user", "content": "Hi"}])
+    assert counted.input_tokens > 0
+
+    rows = await base.rows()
+    got = sorted((r["session_id"], r["wire_format"], r["call_index"]) for r in rows)
+    assert got == [("chat-1", "chat", 0), ("chat-1", "chat", 1), ("msg-1", "anthropic", 0)]
+    assert all(len(r["completion_ids"]) == 8 for r in rows)
+
+
+async def test_the_session_header_names_the_session_and_other_paths_get_local_answers(base: Base) -> None:
+    async with httpx.AsyncClient(base_url=base.url(), timeout=60) as http:
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            headers={"x-harnessrl-session": "by-header"},
+        )
+        assert r.status_code == 200, r.text
+        telemetry = await http.post("/api/event_logging/batch", json={"events": []})
+        unknown = await http.get("/v1/nothing/here")
+        stats = await http.get("/_harnessrl/admin/stats")  # the server's own routes still win
+    assert telemetry.status_code == 200 and telemetry.json() == {}
+    assert unknown.status_code == 404 and "error" in unknown.json()
+    assert stats.json()["calls"] == 1
+    assert [r["session_id"] for r in await base.rows()] == ["by-header"]
+
+
+async def test_an_oversized_body_gets_a_413_in_the_callers_format_and_nothing_is_recorded(base: Base) -> None:
+    big = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x" * 300_000}]}
+    async with httpx.AsyncClient(base_url=base.url("big"), timeout=60) as http:
+        r = await http.post("/v1/messages", json=big)
+        chunked = await http.post(
+            "/v1/messages",
+            content=_parts(),
+            headers={"content-type": "application/json"},
+        )
+    for resp in (r, chunked):
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "request_too_large"
+    assert await base.rows() == []
+
+
+async def _parts() -> AsyncIterator[bytes]:  # no content-length: sent chunked
+    for part in (b'{"messages": "', b"x" * 300_000, b'"}'):
+        yield part
+
+
+async def test_off_leaves_only_the_internal_routes(smollm2_tokenizer_dir: Path, tmp_path: Path) -> None:
+    b, server = await start(smollm2_tokenizer_dir, tmp_path, harnessrl_base_url=False)
+    try:
+        async with httpx.AsyncClient(base_url=b.url("s"), timeout=60) as http:
+            r = await http.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 404
+    finally:
+        await asyncio.wait_for(b.runtime.stop(), 30)
+        await server.close()

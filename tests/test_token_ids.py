@@ -1,0 +1,51 @@
+"""addon/token_ids.py: packing checks every id in C, the Arrow view shares the buffer, and the JSON list is what
+``json.dumps`` writes (property test)."""
+
+from __future__ import annotations
+
+import json
+from array import array
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from addon import token_ids
+
+IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=300)
+
+
+@given(IDS)
+def test_json_list_is_the_compact_json_of_the_ids(ids: list[int]) -> None:
+    text = token_ids.json_list(ids)
+    assert text == json.dumps(ids, separators=(",", ":"))
+    assert json.loads(text) == ids
+    assert token_ids.json_list(array("i", ids)) == text
+
+
+def test_a_packed_array_is_used_as_it_is_and_viewed_without_a_copy() -> None:
+    packed = array("i", [5, 6, 7])
+    assert token_ids.pack(packed) is packed
+    view = token_ids.arrow(packed)
+    assert view.to_pylist() == [5, 6, 7]
+    assert view.buffers()[1].address == packed.buffer_info()[0]
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([1, -2, 3], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got -2\.\.3"),
+        (array("i", [4, -1]), r"got -1\.\.4"),
+        ([2**31], r"got \[2147483648\]"),
+        ([1, "2"], r"got \['2'\]"),
+        ([True, 0.5], r"got \[0\.5\]"),
+    ],
+)
+def test_what_is_not_a_token_id_is_named(ids, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        token_ids.pack(ids, "prompt_ids")
+
+
+def test_empty() -> None:
+    assert len(token_ids.pack(())) == 0
+    assert token_ids.json_list(()) == "[]"
