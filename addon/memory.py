@@ -128,14 +128,12 @@ def trim() -> dict[str, float]:
     return {"rss_before_mib": round(before, 1), "rss_after_mib": round(rss_mib(), 1)}
 
 
-def memory_report(probes: Mapping[str, Callable[[], Any]], top: int = 20) -> dict[str, Any]:
+def memory_report(probes: Mapping[str, Callable[[], Any]], top: int = 20, walk: bool = True) -> dict[str, Any]:
+    """``walk=False`` skips the heap walk (objects by type, tracemalloc, mappings): cheap enough to sample often."""
+    if not walk:
+        return {"rss_mib": round(rss_mib(), 1), "malloc": malloc_info(), "structures": _probe(probes)}
     types = Counter(type(o).__name__ for o in gc.get_objects())
-    structures: dict[str, Any] = {}
-    for name, probe in probes.items():
-        try:
-            structures[name] = probe()
-        except Exception as e:  # noqa: BLE001 - a report must not fail on one probe
-            structures[name] = f"error: {e!r}"
+    structures = _probe(probes)
     traced = None
     if tracemalloc.is_tracing():
         snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
@@ -157,6 +155,16 @@ def memory_report(probes: Mapping[str, Callable[[], Any]], top: int = 20) -> dic
         "structures": structures,
         "tracemalloc": traced,
     }
+
+
+def _probe(probes: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    structures: dict[str, Any] = {}
+    for name, probe in probes.items():
+        try:
+            structures[name] = probe()
+        except Exception as e:  # noqa: BLE001 - a report must not fail on one probe
+            structures[name] = f"error: {e!r}"
+    return structures
 
 
 __all__ = ["libc", "malloc_info", "memory_report", "rss_mib", "trim"]

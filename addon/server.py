@@ -13,8 +13,9 @@ Contract
   flushes a session's records into shards and frees its prefix graph; ``GET /_harnessrl/admin/stats`` — calls/s,
   p50/p99 overhead, errors and the event loop's health (``loop``);
   ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights;
-  ``GET /_harnessrl/admin/memory[?top=N]`` — where the memory goes (:mod:`addon.memory`: RSS, the C allocator's
-  in-use and free-held bytes, objects by type, the runtime's structures, tracemalloc's top lines when tracing);
+  ``GET /_harnessrl/admin/memory[?top=N][&objects=0]`` — where the memory goes (:mod:`addon.memory`: RSS, the C
+  allocator's in-use and free-held bytes, objects by type, the runtime's structures, tracemalloc's top lines when
+  tracing; ``objects=0``: only RSS, the allocator and the structures, cheap enough to poll);
   ``POST /_harnessrl/admin/memory/trim`` — return the allocator's free memory to the system (RSS before/after).
 
 Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
@@ -306,7 +307,8 @@ class InternalServer:
             top = int(request.query.get("top", "20"))
         except ValueError:
             return web.json_response({"error": "top must be an integer"}, status=400)
-        report = await asyncio.to_thread(memory.memory_report, self._memory_probes, max(1, min(top, 200)))
+        walk = request.query.get("objects", "1") != "0"
+        report = await asyncio.to_thread(memory.memory_report, self._memory_probes, max(1, min(top, 200)), walk)
         return web.json_response(report)
 
     async def _trim(self, request: web.Request) -> web.Response:

@@ -71,6 +71,7 @@ class SoakResult:
     stop_s: float = 0.0
     wal_rows_left: int = 0  # rows the stopped proxy left in its write-ahead log (recovered before the check)
     memory: dict[str, Any] = field(default_factory=dict)  # the proxy's admin memory report at the end, and a trim
+    memory_series: tuple[dict[str, Any], ...] = ()  # RSS vs live structures vs allocator slack, every 30 s
 
     @property
     def ok(self) -> bool:
@@ -91,9 +92,13 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
 class _Sampler(threading.Thread):
     """RSS of ``pid``, the 1-minute load average and the accept queues of ``ports``, every ``every`` s."""
 
-    def __init__(self, pid: int, every: float, ports: dict[str, int]) -> None:
+    def __init__(
+        self, pid: int, every: float, ports: dict[str, int], admin_port: int = 0, memory_every: int = 6
+    ) -> None:
         super().__init__(daemon=True)
         self.pid, self.every, self.ports = pid, every, ports
+        self.admin_port, self.memory_every = admin_port, memory_every
+        self.memory: list[dict[str, Any]] = []  # the proxy's light memory report every memory_every samples
         self.points: list[tuple[float, float]] = []
         self.loads: list[float] = []
         self.queues = dict.fromkeys(ports, 0)
@@ -106,7 +111,32 @@ class _Sampler(threading.Thread):
             self.loads.append(tree.loadavg()[0])
             for name, port in self.ports.items():
                 self.queues[name] = max(self.queues[name], accept_queue(port))
+            if self.admin_port and len(self.points) % self.memory_every == 1:
+                self._sample_memory(time.monotonic() - t0)
             self.halt.wait(self.every)
+
+    def _sample_memory(self, t: float) -> None:
+        """RSS next to what is live (graphs, cached JSON) and what glibc holds free: growth of live data vs of
+        allocator slack."""
+        url = f"http://127.0.0.1:{self.admin_port}/_harnessrl/admin/memory?objects=0"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                rep = json.loads(r.read())
+        except OSError:
+            return
+        gen = rep["structures"].get("generator") or {}
+        malloc = rep.get("malloc") or {}
+        self.memory.append(
+            {
+                "t_s": round(t),
+                "rss_mib": rep["rss_mib"],
+                "malloc_in_use_mib": malloc.get("in_use_mib"),
+                "malloc_free_mib": malloc.get("free_held_mib"),
+                "graph_sessions": gen.get("graph_sessions"),
+                "graph_token_ids_m": round(gen.get("graph_token_ids", 0) / 1e6, 2),
+                "json_fragment_mchars": round(gen.get("json_fragment_chars", 0) / 1e6, 1),
+            }
+        )
 
 
 def proxy_admin_stats(admin_port: int) -> dict[str, Any]:
@@ -145,7 +175,8 @@ def soak(
     try:
         env = {"PYTHONTRACEMALLOC": str(tracemalloc_frames)} if tracemalloc_frames else None
         (proxy,) = tree.start_proxies(engine.url, 1, work, model_dir, options, env=env)
-        sampler = _Sampler(proxy.process.pid, sample_s, {"mitmproxy": proxy.port, "internal": proxy.admin_port})
+        ports = {"mitmproxy": proxy.port, "internal": proxy.admin_port}
+        sampler = _Sampler(proxy.process.pid, sample_s, ports, proxy.admin_port)
         sampler.start()
 
         def make(i: int) -> SessionScript:
@@ -191,6 +222,7 @@ def soak(
         stop_s=round(stop_s, 2),
         wal_rows_left=wal_rows_left,
         memory=memory,
+        memory_series=tuple(sampler.memory),
     )
 
 

@@ -14,12 +14,10 @@ import httpx
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
-from mitmproxy.options import Options
 
-from addon.config import CaptureConfig, add_options
 from addon.records import read_records
 from addon.runtime import Runtime
-from benchmarks.fake_engine import FakeEngine
+from tests.runtime_world import start_runtime
 
 
 class Base:
@@ -37,19 +35,9 @@ class Base:
 
 
 async def start(tokenizer_dir: Path, tmp_path: Path, **extra: object) -> tuple[Base, TestServer]:
-    engine = FakeEngine.build(tokenizer_dir, tokens=12, max_model_len=8192)
-    server = TestServer(engine.app())
-    await server.start_server()
-    options = Options()
-    add_options(options)
-    options.update(
-        harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
-        harnessrl_model_dir=str(tokenizer_dir),
-        harnessrl_records_dir=str(tmp_path / "records"),
-        harnessrl_max_body=200_000,
-        **extra,
+    _, server, runtime = await start_runtime(
+        tokenizer_dir, tmp_path / "records", tokens=12, harnessrl_max_body=200_000, **extra
     )
-    runtime = await Runtime.start(CaptureConfig.from_options(options))
     return Base(runtime, tmp_path / "records"), server
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -26,12 +26,15 @@ from addon.engine_client import (
     EngineError,
     EngineTimeout,
     EngineUnavailable,
+    GenerationChunk,
     GenerationRequest,
     Grammar,
     JsonSchema,
     MalformedResponse,
     Regex,
     StructuredOutput,
+    Usage,
+    coalesce,
     completion_payload,
     error_from_body,
 )
@@ -119,10 +122,53 @@ async def test_stream_yields_chunks_and_accumulates() -> None:
     async with fake(handler) as client:
         chunks = [c async for c in client.stream(REQ)]
         result = await client.stream_result(REQ)
-    assert [c.token_ids for c in chunks] == [(7,), (8,), ()]
-    assert chunks[1].finish_reason == "stop" and chunks[2].usage is not None
+    # one read delivered both token events: merged into one chunk (the usage chunk stays its own)
+    assert [c.token_ids for c in chunks] == [(7, 8), ()]
+    assert chunks[0].finish_reason == "stop" and chunks[0].text == "ab" and chunks[1].usage is not None
     assert result.completion_ids == (7, 8) and result.text == "ab" and result.logprobs == (-0.5, -1.0)
     assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
+
+
+async def test_events_that_arrive_in_separate_reads_are_yielded_as_they_come() -> None:
+    events = [stream_event([7], [-0.5], "a"), stream_event([8], [-1.0], "b", finish="stop"), USAGE_EVENT]
+    body = sse(*events)
+    cut = body.index(b"\n\n") + 1  # the first event and half its blank line, then the rest in odd pieces
+
+    async def parts() -> AsyncIterator[bytes]:
+        for piece in (body[:cut], body[cut : cut + 3], body[cut + 3 :]):
+            yield piece
+
+    async with fake(lambda r: httpx.Response(200, content=parts())) as client:
+        chunks = [c async for c in client.stream(REQ)]
+    assert [c.token_ids for c in chunks] == [(7,), (8,), ()]
+    assert [c.text for c in chunks] == ["a", "b", ""] and chunks[1].finish_reason == "stop"
+
+
+def test_coalesce_merges_up_to_the_end_of_a_choice_and_keeps_usage_apart() -> None:
+    usage = Usage(3, 3)
+    chunks = [
+        GenerationChunk((1,), (-0.1,), "x"),
+        GenerationChunk((2,), (-0.2,), "y"),
+        GenerationChunk((3,), (-0.3,), "z", finish_reason="stop", stop_reason=3),
+        GenerationChunk((), (), "", usage=usage),
+    ]
+    merged = coalesce(chunks)
+    assert merged == [
+        GenerationChunk((1, 2, 3), (-0.1, -0.2, -0.3), "xyz", finish_reason="stop", stop_reason=3),
+        GenerationChunk((), (), "", usage=usage),
+    ]
+    assert coalesce([]) == [] and coalesce(chunks[:1]) == chunks[:1]
+
+
+async def test_tokens_before_an_in_stream_error_in_the_same_read_are_still_yielded() -> None:
+    error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
+    body = sse(stream_event([7], [-0.5], "a"), done=False) + error
+    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+        seen: list[GenerationChunk] = []
+        with pytest.raises(EngineError, match="engine died"):
+            async for c in client.stream(REQ):
+                seen.append(c)
+    assert [c.token_ids for c in seen] == [(7,)]
 
 
 @pytest.mark.parametrize(

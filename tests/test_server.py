@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiohttp.test_utils import TestServer
 from mitmproxy.options import Options
 
 from addon.config import CaptureConfig, add_options
@@ -25,6 +24,7 @@ from addon.runtime import Runtime
 from addon.server import CALL_PATH, HEADER_PATH, HEADER_SESSION, LISTEN_BACKLOG, harness_from_user_agent
 from addon.wal import list_segments
 from benchmarks.fake_engine import FakeEngine, Faults
+from tests.runtime_world import start_runtime
 
 
 @pytest.mark.parametrize(
@@ -66,17 +66,7 @@ class World:
 
 @pytest.fixture
 async def world(smollm2_tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[World]:
-    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=24, max_model_len=8192)
-    server = TestServer(engine.app())
-    await server.start_server()
-    options = Options()
-    add_options(options)
-    options.update(
-        harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
-        harnessrl_model_dir=str(smollm2_tokenizer_dir),
-        harnessrl_records_dir=str(tmp_path / "records"),
-    )
-    runtime = await Runtime.start(CaptureConfig.from_options(options))
+    engine, server, runtime = await start_runtime(smollm2_tokenizer_dir, tmp_path / "records", tokens=24)
     try:
         yield World(engine, runtime, tmp_path / "records")
     finally:
@@ -226,6 +216,7 @@ async def test_the_memory_route_reports_the_runtime_structures_and_the_allocator
     async with httpx.AsyncClient(timeout=60) as client:
         report = (await client.get(base, params={"top": 5})).json()
         bad = await client.get(base, params={"top": "many"})
+        light = (await client.get(base, params={"objects": "0"})).json()
         trimmed = (await client.post(f"{base}/trim")).json()
     live = report["structures"]["generator"]
     assert live["graph_sessions"] == 1 and live["graph_nodes"] == 2
@@ -239,6 +230,7 @@ async def test_the_memory_route_reports_the_runtime_structures_and_the_allocator
     assert report["malloc"] is None or report["malloc"]["in_use_mib"] > 0  # glibc only
     assert report["tracemalloc"] is None  # not traced unless PYTHONTRACEMALLOC is set
     assert bad.status_code == 400
+    assert set(light) == {"rss_mib", "malloc", "structures"} and light["structures"]["generator"] == live
     assert trimmed["rss_after_mib"] > 0 and trimmed["rss_before_mib"] > 0
 
 

@@ -1,0 +1,33 @@
+"""A real capture runtime (generator, record store, tokenizer) on the FAKE engine of benchmarks/fake_engine.py,
+served in this process: shared by the tests of the internal server and of the base-URL endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+from mitmproxy.options import Options
+
+from addon.config import CaptureConfig, add_options
+from addon.runtime import Runtime
+from benchmarks.fake_engine import FakeEngine
+
+
+async def start_runtime(
+    tokenizer_dir: Path, records: Path, *, tokens: int, **options: Any
+) -> tuple[FakeEngine, TestServer, Runtime]:
+    """The fake engine (``tokens`` per answer) on a test server, and a runtime bound to it; ``options`` are extra
+    ``harnessrl_*`` settings. The caller stops the runtime, then closes the server."""
+    engine = FakeEngine.build(tokenizer_dir, tokens=tokens, max_model_len=8192)
+    server = TestServer(engine.app())
+    await server.start_server()
+    opts = Options()
+    add_options(opts)
+    opts.update(
+        harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
+        harnessrl_model_dir=str(tokenizer_dir),
+        harnessrl_records_dir=str(records),
+        **options,
+    )
+    return engine, server, await Runtime.start(CaptureConfig.from_options(opts))
