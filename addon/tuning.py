@@ -6,11 +6,11 @@ Contract
 options) is applied by :func:`apply`, which returns what it did, for the log:
 
 - ``gc_young`` > 0: the collector's youngest-generation threshold (Python's default is 700) and a
-  :func:`gc.freeze` of everything alive at start-up (modules, the tokenizer, the chat template). A long prompt's
-  request parses into 10^5 containers, so at 700 the collector ran every few hundred microseconds of parsing and
-  promoted live request objects into the old generations; its full passes then walked the start-up heap again each
-  time (measured, 192 sessions x 120 s: 11.4 s in the collector at Python's defaults, 6.2 s at 5000, 4.5 s at
-  20000, which also held ~100 MiB more; docs/benchmarks.md);
+  :func:`gc.freeze` of everything alive at start-up (modules, the tokenizer, the chat template). A long
+  conversation's request parses into many containers at once, so at 700 the collector ran again and again while
+  parsing and promoted live request objects into the old generations; its full passes then walked the start-up
+  heap again each time (measured, 192 sessions x 120 s: 11.4 s in the collector at Python's defaults, 6.2 s at
+  5000, 4.5 s at 20000, which also held ~100 MiB more; docs/benchmarks.md);
 - ``malloc_arenas`` > 0: glibc's ``M_ARENA_MAX`` (worker threads otherwise each get an arena that keeps its peak);
 - ``trim_every`` > 0: :class:`Trimmer` returns glibc's free memory to the system (``malloc_trim``) at most that
   often, from a worker thread, when it holds more than ``trim_above_mib`` free.
