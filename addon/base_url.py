@@ -86,15 +86,14 @@ class BaseUrlEndpoint:
             body = await request.read() if isinstance(decision, CountTokens) else b""
             reply = await self._answer_locally(decision, body, headers)
             return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-        too_large = ConversionError("too_large", f"request body exceeds {self.max_body} bytes")
         if (request.content_length or 0) > self.max_body:
-            return _wire_error(decision, too_large)
+            return self._too_large(decision)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:  # no content-length: aiohttp counted while reading
-            return _wire_error(decision, too_large)
+            return self._too_large(decision)
         if len(body) > self.max_body:
-            return _wire_error(decision, too_large)
+            return self._too_large(decision)
         evidence = Evidence(
             prefix_session=prefix_session,
             header_session=request.headers.get(SESSION_HEADER),  # the session header is also an internal one
@@ -103,10 +102,10 @@ class BaseUrlEndpoint:
         session, _source = attribute(self.sources, evidence)
         return await self.server.serve_model_call(request, decision, session, headers, body=body)
 
-
-def _wire_error(decision: ModelCall, err: ConversionError) -> web.Response:
-    wire = dialect_for(decision.route.format).render_error(err)
-    return web.Response(status=wire.status, body=wire.body, headers=dict(wire.headers))
+    def _too_large(self, decision: ModelCall) -> web.Response:
+        err = ConversionError("too_large", f"request body exceeds {self.max_body} bytes")
+        wire = dialect_for(decision.route.format).render_error(err)
+        return web.Response(status=wire.status, body=wire.body, headers=dict(wire.headers))
 
 
 __all__ = ["BaseUrlEndpoint"]

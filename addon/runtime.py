@@ -68,6 +68,8 @@ class Runtime:
 
     @classmethod
     async def start(cls, config: CaptureConfig) -> Runtime:
+        for line in tuning.apply_allocator(config.tuning):  # before the first worker thread allocates
+            log.info("harnessrl: %s", line)
         store = await asyncio.to_thread(
             RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
         )
@@ -141,7 +143,7 @@ class Runtime:
                 policy=self.config.sampling,
                 force_tool_calls=self.config.force_tool_calls,
             )
-            for line in tuning.apply(self.config.tuning):  # after the tokenizer loaded: it is frozen with the rest
+            for line in tuning.apply_collector(self.config.tuning):  # after the tokenizer loaded: frozen with the rest
                 log.info("harnessrl: %s", line)
             await self.engine.poll()  # each engine's weight version before the first call
             if all(e.policy_version is None for e in self.engine.engines):

@@ -1,9 +1,10 @@
-"""Process-wide tuning of the proxy's collector and C allocator, applied once when the runtime binds.
+"""Process-wide tuning of the proxy's collector and C allocator, applied once by the runtime.
 
 Contract
 --------
 :class:`ProcessTuning` (from the ``harnessrl_gc_young``, ``harnessrl_malloc_arenas`` and ``harnessrl_trim_every``
-options) is applied by :func:`apply`, which returns what it did, for the log:
+options) is applied in two steps, each returning what it did, for the log: :func:`apply_allocator` first thing
+when the runtime starts, :func:`apply_collector` when it has bound (tokenizer loaded):
 
 - ``gc_young`` > 0: the collector's youngest-generation threshold (Python's default is 700) and a
   :func:`gc.freeze` of everything alive at start-up (modules, the tokenizer, the chat template). A long
@@ -47,20 +48,33 @@ class ProcessTuning:
 
 
 def apply(tuning: ProcessTuning) -> list[str]:
-    done: list[str] = []
-    if tuning.gc_young:
-        gc.collect()
-        gc.freeze()  # start-up objects leave the collector's generations for good
-        _, older, oldest = gc.get_threshold()
-        gc.set_threshold(tuning.gc_young, older, oldest)
-        done.append(f"gc young threshold {tuning.gc_young}, {gc.get_freeze_count()} start-up objects frozen")
-    if tuning.malloc_arenas:
-        lib = memory.libc()
-        if lib is None:
-            log.info("harnessrl: not glibc; harnessrl_malloc_arenas=%d ignored", tuning.malloc_arenas)
-        elif lib.mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(tuning.malloc_arenas)) == 1:
-            done.append(f"malloc arenas <= {tuning.malloc_arenas}")
-    return done
+    """Both settings at once (:func:`apply_allocator`, then :func:`apply_collector`)."""
+    return apply_allocator(tuning) + apply_collector(tuning)
+
+
+def apply_allocator(tuning: ProcessTuning) -> list[str]:
+    """The arena cap: before the first worker thread allocates (each thread that allocates before it keeps its own
+    arena), so the runtime applies it first thing at start."""
+    if not tuning.malloc_arenas:
+        return []
+    lib = memory.libc()
+    if lib is None:
+        log.info("harnessrl: not glibc; harnessrl_malloc_arenas=%d ignored", tuning.malloc_arenas)
+        return []
+    if lib.mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(tuning.malloc_arenas)) != 1:
+        return []
+    return [f"malloc arenas <= {tuning.malloc_arenas}"]
+
+
+def apply_collector(tuning: ProcessTuning) -> list[str]:
+    """The young threshold and the freeze: after the tokenizer loaded, so that it is frozen with the rest."""
+    if not tuning.gc_young:
+        return []
+    gc.collect()
+    gc.freeze()  # start-up objects leave the collector's generations for good
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(tuning.gc_young, older, oldest)
+    return [f"gc young threshold {tuning.gc_young}, {gc.get_freeze_count()} start-up objects frozen"]
 
 
 class Trimmer:
@@ -77,12 +91,16 @@ class Trimmer:
         if not self.tuning.trim_every or self._clock() - self._last < self.tuning.trim_every:
             return
         self._last = self._clock()
+        result = await asyncio.to_thread(self._trim_if_worth_it)  # mallinfo2 walks every arena: off the loop
+        if result is not None:
+            self.trims += 1
+            self.returned_mib += max(0.0, result["rss_before_mib"] - result["rss_after_mib"])
+
+    def _trim_if_worth_it(self) -> dict[str, float] | None:
         info = memory.malloc_info()
         if info is None or info["free_held_mib"] < self.tuning.trim_above_mib:
-            return
-        result = await asyncio.to_thread(memory.trim)
-        self.trims += 1
-        self.returned_mib += max(0.0, result["rss_before_mib"] - result["rss_after_mib"])
+            return None
+        return memory.trim()
 
 
-__all__ = ["ProcessTuning", "Trimmer", "apply"]
+__all__ = ["ProcessTuning", "Trimmer", "apply", "apply_allocator", "apply_collector"]

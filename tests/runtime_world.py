@@ -28,6 +28,7 @@ async def start_runtime(
         harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
         harnessrl_model_dir=str(tokenizer_dir),
         harnessrl_records_dir=str(records),
+        harnessrl_gc_young=0,  # no gc.freeze of the whole test process (the stats test times a full collection)
         **options,
     )
     return engine, server, await Runtime.start(CaptureConfig.from_options(opts))
