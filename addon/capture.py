@@ -16,6 +16,18 @@ may name several engines (comma-separated replicas of one model), each session s
 (:mod:`addon.engine_pool`); the heavy start-up (tokenizer load, record-store recovery, engine query) happens in
 ``running`` off the event loop. Hooks start with guard clauses and never raise: a failure becomes an error answer in
 the caller's wire format.
+
+Start-up: mitmproxy listens before ``running`` ends, so a call can arrive while the runtime starts; it waits for it
+at most ``harnessrl_startup_wait_s``, then gets a vendor-shaped 503 with ``retry-after``. A start-up that fails
+(record folder locked by another proxy, tokenizer missing...) logs one ``harnessrl: cannot start: <reason>`` error and
+shuts the proxy down; mitmproxy's ``errorcheck`` addon turns an error logged during start-up into exit status 1. Calls
+that waited, and any arriving while the process shuts down, get the 503 at once, never a hang.
+
+Header field lines: a retargeted call reaches the internal server with one field line per name
+(:func:`fold_field_lines`), because aiohttp's request parser refuses a repeated User-Agent, Content-Type... that
+clients do send (hermes: its SDK's ``User-Agent`` plus its own ``user-agent``) and the vendors accept. Repeated
+framing lines (Content-Length values that disagree, several Transfer-Encoding lines, or both fields) are refused with
+a vendor-shaped 400 instead: they are how request smuggling works.
 """
 
 from __future__ import annotations
@@ -23,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -37,21 +51,38 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from addon.config import CaptureConfig, add_options  # noqa: E402
-from addon.routes import LocalAnswer, ModelCall, classify, split_session_prefix  # noqa: E402
+from addon.record_store import RecordStoreError  # noqa: E402
+from addon.routes import (  # noqa: E402
+    CountTokens,
+    LocalAnswer,
+    ModelCall,
+    ModelList,
+    classify,
+    guess_format,
+    split_session_prefix,
+)
 from addon.runtime import Runtime  # noqa: E402
 from addon.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
 from addon.sessions import SESSION_HEADER, Evidence, api_key, attribute  # noqa: E402
 from converters import dialect_for  # noqa: E402
-from converters.canonical import ConversionError  # noqa: E402
+from converters.canonical import ConversionError, WireFormat  # noqa: E402
 
 log = logging.getLogger("harnessrl.capture")
+
+
+RETRY_AFTER_S = 1.0  # what a call answered 503 while the proxy starts or stops is told to wait
+# After a failed start-up, how long the calls that waited for it get to have their 503 written before mitmproxy's
+# errorcheck exits the process (it exits as soon as ``running`` returns).
+FAILED_START_DRAIN_S = 0.5
 
 
 class Capture:
     def __init__(self) -> None:
         self.config: CaptureConfig | None = None
         self.runtime: Runtime | None = None
-        self._ready = asyncio.Event()  # set once the runtime is up; calls arriving earlier wait for it
+        self._settled = asyncio.Event()  # start-up ended, well or not: calls waiting for it go on
+        self._unavailable: str | None = None  # why calls get a 503 now (a failed start-up, shutting down)
+        self._waiting = 0  # calls waiting for start-up to end
 
     def load(self, loader) -> None:
         add_options(loader)
@@ -67,8 +98,12 @@ class Capture:
 
     async def running(self) -> None:
         assert self.config is not None
-        self.runtime = await Runtime.start(self.config)
-        self._ready.set()
+        try:
+            self.runtime = await Runtime.start(self.config)
+        except Exception as e:
+            await self._fail_start(e)
+            return
+        self._settled.set()
         log.info(
             "harnessrl: answering %s on internal port %d from %s",
             self.config.describe_hosts(),
@@ -76,7 +111,22 @@ class Capture:
             self.runtime.engine.describe(),
         )
 
+    async def _fail_start(self, e: Exception) -> None:
+        """A proxy that cannot start exits non-zero with the reason, answering the calls that waited first."""
+        reason = str(e) or type(e).__name__
+        self._unavailable = f"the capture proxy failed to start ({reason}) and is exiting"
+        # An error logged during start-up is what makes mitmproxy's errorcheck exit with status 1 once ``running``
+        # returns; the traceback only helps for failures nobody anticipated.
+        expected = isinstance(e, RecordStoreError | OSError | ValueError)
+        log.error("harnessrl: cannot start: %s", reason, exc_info=None if expected else e)
+        waited = self._waiting
+        self._settled.set()
+        ctx.master.shutdown()  # also when errorcheck is not watching (the script reloaded after start-up)
+        if waited:
+            await asyncio.sleep(FAILED_START_DRAIN_S)
+
     async def done(self) -> None:
+        self._unavailable = self._unavailable or "the capture proxy is shutting down"
         if self.runtime is not None:
             await self.runtime.stop()
 
@@ -93,12 +143,47 @@ class Capture:
             return  # already retargeted to the internal server
         if not self._intercepted(flow):
             return
-        await self._ready.wait()
+        if not await self._started():
+            flow.response = self._unavailable_answer(flow)
+            return
         try:
             await self._answer(flow)
         except Exception as e:  # the proxy never dies on a request
             log.exception("harnessrl: failed to answer %s %s", flow.request.method, flow.request.pretty_url)
             flow.response = http.Response.make(500, json.dumps({"error": {"message": str(e)}}).encode())
+
+    async def _started(self) -> bool:
+        """Whether the runtime is up to answer; waits for a start-up in progress at most harnessrl_startup_wait_s."""
+        assert self.config is not None
+        if not self._settled.is_set():
+            self._waiting += 1
+            try:
+                await asyncio.wait_for(self._settled.wait(), self.config.startup_wait_s)
+            except TimeoutError:
+                pass
+            finally:
+                self._waiting -= 1
+        return self.runtime is not None and self._unavailable is None
+
+    def _unavailable_answer(self, flow: http.HTTPFlow) -> http.Response:
+        """A 503 with retry-after in the caller's wire format: the proxy is starting, failed to start, or stops."""
+        assert self.config is not None
+        req = flow.request
+        _, path = split_session_prefix(req.path.split("?", 1)[0])
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        decision = classify(req.method, path, {}, headers)
+        fmt: WireFormat
+        if isinstance(decision, ModelCall | CountTokens):
+            fmt = decision.route.format
+        elif isinstance(decision, ModelList):
+            fmt = decision.format
+        else:
+            fmt = guess_format(path, headers)
+        reason = self._unavailable or (
+            f"the capture proxy is still starting after {self.config.startup_wait_s:g} s (harnessrl_startup_wait_s)"
+        )
+        log.warning("harnessrl: 503 for %s %s: %s", req.method, req.pretty_url, reason)
+        return _wire_error(fmt, ConversionError("unavailable", reason, retry_after=RETRY_AFTER_S))
 
     async def _answer(self, flow: http.HTTPFlow) -> None:
         assert self.config is not None and self.runtime is not None
@@ -112,7 +197,11 @@ class Capture:
                 err = ConversionError("too_large", f"request body exceeds {self.config.max_body} bytes")
                 flow.response = _wire_error(decision.route.format, err)
                 return
-            self._retarget(flow, prefix_session, path, query)
+            try:
+                self._retarget(flow, prefix_session, path, query)
+            except ConversionError as err:  # framing the internal server must not be left to guess
+                log.warning("harnessrl: refused %s %s: %s", req.method, req.pretty_url, err.message)
+                flow.response = _wire_error(decision.route.format, err)
         else:
             if isinstance(decision, LocalAnswer):
                 log.info(
@@ -138,6 +227,7 @@ class Capture:
         session, _source = attribute(self.config.session_sources, evidence)
         for name in INTERNAL_HEADERS:
             req.headers.pop(name, None)  # a client cannot spoof the proxy's own bookkeeping
+        req.headers.fields = fold_field_lines(req.headers.fields)  # raises on ambiguous framing: answered locally
         original = path + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
         req.headers[HEADER_SESSION] = session
         req.headers[HEADER_PATH] = original
@@ -154,7 +244,97 @@ class Capture:
             log.info("harnessrl: websocket on an intercepted host was not refused: %s", flow.request.pretty_url)
 
 
-def _wire_error(format, err: ConversionError) -> http.Response:
+# --------------------------------------------------------------------------------------------- header field lines
+# aiohttp's strict request parser (the internal server's) answers "400 Duplicate '<name>' header found" to a second
+# field line of these names (aiohttp.http_parser.SINGLETON_HEADERS, aiohttp 3.14), lower-case like the keys below.
+AIOHTTP_SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
+# A vendor SDK's or HTTP library's own agent: a harness that adds a User-Agent line of its own names itself there, so
+# the folded value lists the harness first, where harness_from_user_agent (addon/server.py) looks when no pattern of
+# its table matches (hermes: "claude-code/2.0.14 Anthropic/Python 0.69.0" is claude-code, not "Anthropic").
+_LIBRARY_AGENT = re.compile(
+    rb"^\s*(?:anthropic/|openai/|google-genai-sdk/|python-httpx/|python-requests/|python-urllib|aiohttp/|node-fetch/"
+    rb"|node/|axios/|undici|okhttp/|go-http-client/|curl/)",
+    re.IGNORECASE,
+)
+
+
+def fold_field_lines(fields: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
+    """One field line per name (at its first line's place, with its first spelling), values combined.
+
+    HTTP allows a field to be repeated and a recipient to combine the lines (RFC 9110 §5.3); the internal server keeps
+    one value per name, and refuses repeated singletons outright. Combining:
+
+    * ``User-Agent``: the distinct values joined by a space, library agents last. Its grammar is a space-separated
+      list of products (RFC 9110 §10.1.5), so the result is one valid User-Agent naming every product; a comma (the
+      list-field separator) is not part of that grammar. The record keeps both values (``identity_hints``).
+    * ``Cookie``: joined by ``"; "`` (RFC 6265 §5.4), as mitmproxy does for HTTP/2 cookies.
+    * ``Content-Length``: one line when all agree; values that disagree raise.
+    * ``Transfer-Encoding`` repeated, or present with ``Content-Length``: raises (RFC 9112 §6.1, §6.3: request
+      smuggling). mitmproxy's ``validate_inbound_headers`` (on by default) refuses these first; this keeps the
+      internal server safe when that check is off.
+    * the other singletons aiohttp refuses (Content-Type, ETag, Host...): exact repeats are dropped; different values
+      keep the first, as Node's and Go's servers do (logged).
+    * any other field: joined by ``", "`` (RFC 9110 §5.3), which is also what the addon saw (mitmproxy's
+      ``Headers[name]``); kept apart, the internal server would see only the last line.
+
+    Raises :class:`ConversionError` (``invalid_request``) on ambiguous framing."""
+    grouped: dict[bytes, tuple[bytes, list[bytes]]] = {}
+    for name, value in fields:
+        key = name.lower()
+        if key in grouped:
+            grouped[key][1].append(value)
+        else:
+            grouped[key] = (name, [value])
+    _check_framing(grouped)
+    return tuple((name, _combine(key, values)) for key, (name, values) in grouped.items())
+
+
+def _check_framing(grouped: dict[bytes, tuple[bytes, list[bytes]]]) -> None:
+    te = grouped.get(b"transfer-encoding", (b"", []))[1]
+    cl = grouped.get(b"content-length", (b"", []))[1]
+    if len(te) > 1:
+        raise ConversionError("invalid_request", "several Transfer-Encoding header lines: ambiguous message framing")
+    if te and cl:
+        raise ConversionError(
+            "invalid_request", "both Transfer-Encoding and Content-Length headers: ambiguous message framing"
+        )
+    if len({v.strip() for v in cl}) > 1:
+        lengths = b", ".join(cl).decode("ascii", "replace")
+        raise ConversionError(
+            "invalid_request", f"Content-Length header lines disagree ({lengths}): ambiguous message framing"
+        )
+
+
+def _combine(key: bytes, values: list[bytes]) -> bytes:
+    if len(values) == 1:
+        return values[0]
+    if key == b"cookie":
+        return b"; ".join(values)
+    if key == b"user-agent":
+        distinct = list(dict.fromkeys(v.strip() for v in values if v.strip()))
+        return b" ".join(sorted(distinct, key=lambda v: bool(_LIBRARY_AGENT.match(v))))  # stable: harness first
+    if key in AIOHTTP_SINGLETONS:
+        distinct = list(dict.fromkeys(values))
+        if len(distinct) > 1:
+            log.info("harnessrl: %d different %s header lines; the first is kept", len(distinct), key.decode())
+        return distinct[0]
+    return b", ".join(values)
+
+
+def _wire_error(format: WireFormat, err: ConversionError) -> http.Response:
     wire = dialect_for(format).render_error(err)
     return http.Response.make(wire.status, wire.body, dict(wire.headers))
 

@@ -27,6 +27,20 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
         "Base URL of the vLLM server answering model calls; several (replicas of one model) comma-separated: each "
         "session sticks to one, failing over when it is down.",
     ),
+    (
+        "harnessrl_engine_wait_s",
+        int,
+        600,
+        "How long a model call waits for an engine that cannot take it yet (refused, restarting, not yet up) and for "
+        "each chunk of a busy one, in seconds, before the vendor's retryable error (0: answer that error at once).",
+    ),
+    (
+        "harnessrl_startup_wait_s",
+        int,
+        120,
+        "How long a call that arrives while the proxy is still starting waits for it, in seconds, before a "
+        "vendor-shaped 503 with retry-after (a proxy that fails to start answers the 503 at once and exits).",
+    ),
     ("harnessrl_model_dir", str, "", "Tokenizer/chat-template folder; empty: the engine's own model folder."),
     ("harnessrl_records_dir", str, "runs/records", "Folder for the Parquet shards and write-ahead log."),
     ("harnessrl_run_id", str, "", "Run id written in every record; empty: a new one per start."),
@@ -77,6 +91,8 @@ class CaptureConfig:
     force_tool_calls: bool = False
     tuning: ProcessTuning = ProcessTuning()
     base_url: bool = True
+    engine_wait_s: float = 600.0
+    startup_wait_s: float = 120.0
 
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
@@ -100,6 +116,10 @@ class CaptureConfig:
                 raise ValueError(f"harnessrl_temperature must be a number, got {o.harnessrl_temperature!r}") from e
             if temperature < 0:
                 raise ValueError("harnessrl_temperature must be >= 0")
+        if o.harnessrl_engine_wait_s < 0:
+            raise ValueError(f"harnessrl_engine_wait_s must be >= 0 seconds, got {o.harnessrl_engine_wait_s}")
+        if o.harnessrl_startup_wait_s < 0:
+            raise ValueError(f"harnessrl_startup_wait_s must be >= 0 seconds, got {o.harnessrl_startup_wait_s}")
         for name in ("harnessrl_default_max_tokens", "harnessrl_max_body", "harnessrl_shard_rows"):
             if getattr(o, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(o, name)}")
@@ -126,6 +146,8 @@ class CaptureConfig:
             shard_rows=o.harnessrl_shard_rows,
             force_tool_calls=o.harnessrl_force_tool_calls,
             base_url=o.harnessrl_base_url,
+            engine_wait_s=float(o.harnessrl_engine_wait_s),
+            startup_wait_s=float(o.harnessrl_startup_wait_s),
             tuning=ProcessTuning(
                 gc_young=o.harnessrl_gc_young,
                 malloc_arenas=o.harnessrl_malloc_arenas,

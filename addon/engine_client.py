@@ -7,6 +7,8 @@ Contract
   caller renders and tokenizes, and gets back exactly the ids vLLM sampled (including a final EOS id, which the
   ``text`` leaves out) with one logprob each. The server must run with ``--logprobs-mode processed_logprobs`` so the
   logprobs are those of the distribution actually sampled from (after temperature, top-p/k, structured outputs).
+  A logprob the engine sends as ``null`` (vLLM's JSON for a non-finite value) becomes :data:`MISSING_LOGPROB`
+  (NaN): the token was sampled and reaches the client; records keep the NaN and the trainer masks that token.
 * :meth:`EngineClient.generate` returns one :class:`GenerationResult`; :meth:`EngineClient.stream` yields
   :class:`GenerationChunk` s, and :func:`accumulate` folds them into the same result (``stream_options.include_usage``
   makes the last chunk carry the usage).
@@ -29,13 +31,14 @@ Layout: request/result types, error types, wire helpers (payload, parsing, error
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from array import array
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import httpx
 
@@ -185,6 +188,10 @@ class ClientTimeouts:
 MAX_ENGINE_CONNECTIONS = 4096
 
 
+# A sampled token whose logprob the engine did not give (JSON null): kept as NaN, never as a made-up number.
+MISSING_LOGPROB: Final = math.nan
+
+
 # --- errors -------------------------------------------------------------------------------------------------
 
 
@@ -317,15 +324,18 @@ def parse_choice(choice: Any) -> GenerationChunk:
         raise MalformedResponse(f"token_ids is not a list of ints: {ids!r}")
     if not isinstance(lps, list) or len(lps) != len(ids):
         raise MalformedResponse(f"{len(ids)} token ids but logprobs {lps!r}; is `logprobs: 0` honoured?")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in lps):
-        raise MalformedResponse(f"a sampled token has no logprob: {lps!r}")
+    if not all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)) for x in lps):
+        raise MalformedResponse(f"a sampled token's logprob is not a number: {lps!r}")
     finish = choice.get("finish_reason")
     if finish is not None and finish not in FINISH_REASONS:
         raise MalformedResponse(f"unknown finish_reason {finish!r}")
     text = choice.get("text", "")
     if not isinstance(text, str):
         raise MalformedResponse(f"text is not a string: {text!r}")
-    return GenerationChunk(tuple(ids), tuple(float(x) for x in lps), text, finish, choice.get("stop_reason"))
+    # vLLM serialises a non-finite logprob as null (pydantic writes NaN as null). The token was still sampled and
+    # sent to the client, so it is kept, with NaN standing for "no logprob" (records and trainer mask it).
+    logprobs = tuple(MISSING_LOGPROB if x is None else float(x) for x in lps)
+    return GenerationChunk(tuple(ids), logprobs, text, finish, choice.get("stop_reason"))
 
 
 def parse_usage(obj: Any) -> Usage:

@@ -10,14 +10,20 @@ Contract
   adding or removing an engine moves only the sessions whose first choice it is (about 1/N of them).
 * Failover, and why not a 503: every engine serves the same model and the proxy sends token ids, so any engine
   continues a session token-faithfully; moving costs one prefix-cache miss, while refusing would stall every episode
-  on that engine until it returns. An engine is *down* after a refused or dropped connection (on a call or on the
-  poll), a connect timeout, or a poll that times out; its sessions go to the next up engine in their own rendezvous
-  order (so they spread over the others rather than piling onto one), and come back when the poll finds it up again.
-  Each transition is logged once (warning when down, info when back). A call whose engine fails before the first
-  chunk is sent again to the next engine (nothing has reached the client or the record yet); a failure after the
-  first chunk ends the call as with one engine (incomplete record, in-stream error). Down engines stay last-resort
-  candidates, so with every engine down a call still tries them, and fails with :class:`EngineUnavailable` (a
-  503/529 with ``retry-after``) only when none answers.
+  on that engine until it returns. An engine is *down* only after a refused or dropped connection (on a call or on
+  the poll) or a call's connect timeout; its sessions go to the next up engine in their own rendezvous order (so they
+  spread over the others rather than piling onto one), and come back when the poll finds it up again. Each
+  transition is logged once (warning when down, info when back). A call whose engine fails before the first chunk is
+  sent again to the next engine (nothing has reached the client or the record yet); a failure after the first chunk
+  ends the call as with one engine (incomplete record, in-stream error).
+* Busy is not dead: a poll that gets no answer within ``poll_timeout`` (vLLM's API server starved by a long prefill
+  on a small machine) is logged once as *busy* and changes nothing; an engine streaming calls is alive however slow
+  its poll. A busy engine's calls wait for it: the gap allowed between two chunks is ``max(wait_s, 60 s)``.
+* Waiting, not refusing: when no engine can take a call (every candidate refused it, or none is verified yet) the
+  call retries (0.25 s, doubling to 2 s) until ``wait_s`` (``harnessrl_engine_wait_s``) has passed since it arrived;
+  down engines stay candidates, so an engine that comes back takes it. Only then does it fail with
+  :class:`NoEngine` (the vendor's retryable 503/529 with ``retry-after``), whose message names that limit; the wait
+  a call did is in :attr:`Routed.waited_s` (recorded as ``engine_wait_ms``).
 * Model: :meth:`EnginePool.bind` asks every engine's ``/v1/models``; those answering must serve the same model id
   (else :class:`EngineError` naming each), and the context is the smallest reported. An engine not answering then is
   *unverified* and gets no call until a poll finds it serving that model; so does a down engine that comes back
@@ -37,12 +43,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal
 
 from addon.engine_client import (
+    ClientTimeouts,
     EngineClient,
     EngineConnectTimeout,
     EngineError,
@@ -56,7 +64,11 @@ from addon.engine_client import (
 log = logging.getLogger("harnessrl.engine_pool")
 
 EngineStatus = Literal["up", "down", "unverified"]
-POLL_TIMEOUT_S = 5.0  # a poll slower than this counts as down: a hung engine must not hold its sessions
+POLL_TIMEOUT_S = 5.0  # a poll slower than this is logged as busy; it never marks an engine down
+DEFAULT_WAIT_S = 600.0  # harnessrl_engine_wait_s
+MIN_CHUNK_GAP_S = 60.0
+WAIT_FIRST_RETRY_S = 0.25  # a call that found no engine retries after this, doubling up to WAIT_MAX_RETRY_S
+WAIT_MAX_RETRY_S = 2.0
 
 
 def parse_engine_urls(text: str) -> tuple[str, ...]:
@@ -86,10 +98,20 @@ def rendezvous_order(session_id: str, urls: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Routed:
-    """Which engine a call went to, and its weight version when the request was sent."""
+    """Which engine a call went to, its weight version when the request was sent, and how long the call waited for
+    an engine that could take it (0 when the first try went through)."""
 
     url: str
     policy_version: int | None
+    waited_s: float = 0.0
+
+
+class NoEngine(EngineUnavailable):
+    """No engine took the call within the pool's wait (``harnessrl_engine_wait_s``): the vendor's retryable error."""
+
+    def __init__(self, message: str, waited_s: float) -> None:
+        super().__init__(message)
+        self.waited_s = waited_s
 
 
 class PoolEngine:
@@ -101,6 +123,10 @@ class PoolEngine:
         self.status: EngineStatus = "unverified"
         self.policy_version: int | None = None
         self.refused: str | None = None  # why a poll refused it (another model), logged once
+        self.in_flight = 0  # calls streaming from it now: an engine with calls in flight is alive, however slow
+        self.last_chunk_at = 0.0  # monotonic time of the last chunk any call got from it
+        self.slow_polls = 0  # polls it did not answer in time (busy, not down)
+        self.slow = False  # the last poll timed out (logged once per transition)
 
     def __repr__(self) -> str:
         return f"PoolEngine({self.url!r}, {self.status}, version={self.policy_version})"
@@ -109,7 +135,9 @@ class PoolEngine:
 class EnginePool:
     """N engine clients; ``stream(session, request)`` sends each call to its session's engine."""
 
-    def __init__(self, clients: Sequence[EngineClient], poll_timeout: float = POLL_TIMEOUT_S) -> None:
+    def __init__(
+        self, clients: Sequence[EngineClient], poll_timeout: float = POLL_TIMEOUT_S, wait_s: float = DEFAULT_WAIT_S
+    ) -> None:
         if not clients:
             raise ValueError("an engine pool needs at least one engine")
         self.engines = tuple(PoolEngine(c) for c in clients)
@@ -117,12 +145,18 @@ class EnginePool:
         if len(self._by_url) != len(self.engines):
             raise ValueError("engine URL listed twice")
         self.poll_timeout = poll_timeout
+        if wait_s < 0:
+            raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+        self.wait_s = wait_s
         self.model: ModelInfo | None = None  # set by bind()
         self.failovers = 0  # calls sent again to another engine after theirs failed before the first chunk
 
     @classmethod
-    def from_urls(cls, urls: Sequence[str]) -> EnginePool:
-        return cls([EngineClient(u) for u in urls])
+    def from_urls(cls, urls: Sequence[str], wait_s: float = DEFAULT_WAIT_S) -> EnginePool:
+        # a busy engine may go quiet between chunks (a long prefill queued behind others) for as long as a call may
+        # wait for an engine at all; never less than a minute, so wait_s=0 only means "do not wait for a down one"
+        timeouts = ClientTimeouts(generate=max(wait_s, MIN_CHUNK_GAP_S))
+        return cls([EngineClient(u, timeouts=timeouts) for u in urls], wait_s=wait_s)
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -155,33 +189,67 @@ class EnginePool:
     async def stream(
         self, session_id: str, req: GenerationRequest
     ) -> AsyncGenerator[tuple[Routed, GenerationChunk], None]:
-        """The engine's chunks for one call of ``session_id``, each with where it came from (see the failover rule
-        in the module docstring)."""
+        """The engine's chunks for one call of ``session_id``, each with where it came from (see the failover and
+        waiting rules in the module docstring)."""
+        t0 = time.monotonic()
+        deadline = t0 + self.wait_s
         tried: list[str] = []
         last: EngineError | None = None
-        for engine in self.candidates(session_id):
-            if tried:
-                self.failovers += 1
-            routed = Routed(engine.url, engine.policy_version)
-            started = False
-            try:
-                async with aclosing(engine.client.stream(req)) as chunks:  # closed at once if the caller leaves
-                    async for chunk in chunks:
-                        if not started:
-                            started = True
-                            self._mark_up(engine)
-                        yield routed, chunk
-                return
-            except (EngineUnavailable, EngineConnectTimeout) as e:  # the engine is unreachable, not slow
-                self._mark_down(engine, e)
-                if started:
-                    raise
-                tried.append(engine.url)
-                last = e
-                log.warning("harnessrl: session %s: %s failed before the first token (%s)", session_id, engine.url, e)
+        delay = WAIT_FIRST_RETRY_S
+        while True:
+            for engine in self.candidates(session_id):
+                if tried and engine.url not in tried:
+                    self.failovers += 1
+                started = False
+                engine.in_flight += 1
+                try:
+                    async with aclosing(engine.client.stream(req)) as chunks:  # closed at once if the caller leaves
+                        async for chunk in chunks:
+                            if not started:
+                                started = True
+                                self._mark_up(engine)
+                                routed = Routed(
+                                    engine.url, engine.policy_version, time.monotonic() - t0 if tried else 0.0
+                                )
+                            engine.last_chunk_at = time.monotonic()
+                            yield routed, chunk
+                    return
+                except (EngineUnavailable, EngineConnectTimeout) as e:  # unreachable, not slow
+                    self._mark_down(engine, e)
+                    if started:
+                        raise
+                    if engine.url not in tried:
+                        tried.append(engine.url)
+                        log.warning(
+                            "harnessrl: session %s: %s failed before the first token (%s)", session_id, engine.url, e
+                        )
+                    last = e
+                finally:
+                    engine.in_flight -= 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if delay == WAIT_FIRST_RETRY_S:
+                log.info(
+                    "harnessrl: session %s: no engine can take the call yet; waiting up to %.0f s "
+                    "(harnessrl_engine_wait_s)",
+                    session_id,
+                    remaining,
+                )
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, WAIT_MAX_RETRY_S)
+        waited = time.monotonic() - t0
         if last is not None:
-            raise EngineUnavailable(f"no engine answered ({', '.join(tried)}): {last.message}") from last
-        raise EngineUnavailable(f"no engine is known to serve the model yet ({self.describe()})")
+            raise NoEngine(
+                f"no engine took the call within harnessrl_engine_wait_s={self.wait_s:g} s "
+                f"({', '.join(tried)}): {last.message}",
+                waited,
+            ) from last
+        raise NoEngine(
+            f"no engine is known to serve the model yet ({self.describe()}; waited {waited:.1f} s, "
+            f"harnessrl_engine_wait_s={self.wait_s:g})",
+            waited,
+        )
 
     # -- state --
 
@@ -246,15 +314,41 @@ class EnginePool:
             if engine.status != "up" and not await self._serves_model(engine):
                 return
             version = await asyncio.wait_for(engine.client.weight_version(), self.poll_timeout)
-        except (EngineUnavailable, EngineTimeout, TimeoutError) as e:
-            self._mark_down(engine, e if str(e) else TimeoutError(f"no answer within {self.poll_timeout} s"))
+        except EngineConnectTimeout:
+            self._slow_poll(engine)  # a loaded machine's late connect, not a refusal
+            return
+        except EngineUnavailable as e:  # refused or dropped: nothing listens there
+            self._mark_down(engine, e)
+            return
+        except (EngineTimeout, TimeoutError):
+            self._slow_poll(engine)
             return
         except EngineError as e:  # it answers but reports no weight version (a vLLM without /weight_info)
             log.debug("weight version of %s: %s", engine.url, e)
-            self._mark_up(engine)
+            self._answered_poll(engine)
             return
-        self._mark_up(engine)
+        self._answered_poll(engine)
         engine.policy_version = int(version) if version.isdigit() else None
+
+    def _slow_poll(self, engine: PoolEngine) -> None:
+        """A poll that got no answer in time: the engine is busy (vLLM's API server shares the machine with a long
+        prefill), not down. Only a refused or dropped connection marks an engine down."""
+        engine.slow_polls += 1
+        if not engine.slow:
+            engine.slow = True
+            log.info(
+                "harnessrl: engine %s is slow to answer its poll (no answer within %.0f s, %d calls in flight): "
+                "busy, not down; its calls wait for it",
+                engine.url,
+                self.poll_timeout,
+                engine.in_flight,
+            )
+
+    def _answered_poll(self, engine: PoolEngine) -> None:
+        if engine.slow:
+            engine.slow = False
+            log.info("harnessrl: engine %s answers its poll again", engine.url)
+        self._mark_up(engine)
 
     async def _serves_model(self, engine: PoolEngine) -> bool:
         """Whether the engine lists the pool's model (unreachable: raises, so the caller marks it down)."""
@@ -265,6 +359,9 @@ class EnginePool:
         except (EngineUnavailable, EngineTimeout):
             raise
         except EngineError as e:
+            if e.status is None or e.status >= 500:  # a busy or starting server: ask again next round
+                log.debug("engine %s could not list its model: %s", engine.url, e)
+                return False
             self._refuse(engine, str(e))
             return False
         if info.id != self.model.id:

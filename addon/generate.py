@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from addon.engine_client import BadRequest, ContextTooLong, EngineError, GenerationRequest, Regex
-from addon.engine_pool import EnginePool
+from addon.engine_pool import EnginePool, NoEngine
 from addon.parser import OutputParser, ParserSpec
 from addon.record_json import CanonicalJson, dumps_json, pack_json_text, plain
 from addon.record_store import RecordStore, RecordStoreError
@@ -141,6 +141,7 @@ class _Turn:
     error: str | None = None
     incomplete: bool = False
     policy_version: int | None = None
+    engine_wait_ms: int | None = None  # set when the call had to wait for an engine that could take it
     malformed: int = 0
     recorded: bool = False
     plan: SplicePlan | None = None
@@ -256,6 +257,8 @@ class Generator:
             async with aclosing(self.engine.stream(turn.info.session_id, gen)) as routed_chunks:
                 async for routed, chunk in routed_chunks:
                     turn.policy_version = routed.policy_version  # the engine that sampled it, when it was asked
+                    if routed.waited_s and turn.engine_wait_ms is None:
+                        turn.engine_wait_ms = round(routed.waited_s * 1000)
                     if turn.first_token_at is None and chunk.token_ids:
                         turn.first_token_at = _now()
                     turn.completion_ids.extend(chunk.token_ids)
@@ -270,6 +273,15 @@ class Generator:
                     await self._emit(events, acc, encoder, sink)
         except EngineError as err:
             turn.error, turn.incomplete = f"engine: {err}", True
+            if isinstance(err, NoEngine):
+                turn.engine_wait_ms = round(err.waited_s * 1000)
+            if not isinstance(err, BadRequest):  # the harness sees a retryable error: say which limit was hit
+                log.warning(
+                    "harnessrl: call %s of session %s gets a retryable error: %s",
+                    turn.info.call_id,
+                    turn.info.session_id,
+                    err,
+                )
             self.stats.error("engine")
             await self._record(turn, acc.completion)
             if not started:
@@ -344,6 +356,10 @@ class Generator:
     async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> bool:
         """Build and durably append the call's row; False when the store refused it (the caller then answers an
         error instead of the final event). Never raises a store error: a failing disk must not crash a call."""
+        missing = sum(1 for x in turn.logprobs if x != x)  # NaN: a token vLLM gave no logprob for
+        if missing:
+            self.stats.missing_logprobs(missing)
+            log.info("harnessrl: call %s: %d sampled tokens without a logprob", turn.info.call_id, missing)
         # building the row (canonical request JSON + zstd) and the fsync'd append both run off the event loop
         try:
             await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
@@ -411,6 +427,7 @@ def build_record(
         parent_call_id=turn.plan.parent_call_id if turn.plan else None,
         fork_reason=turn.plan.fork_reason if turn.plan else None,
         prompt_reused_tokens=turn.plan.reused_tokens if turn.plan else 0,
+        engine_wait_ms=turn.engine_wait_ms,
     )
 
 

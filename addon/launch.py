@@ -3,10 +3,12 @@
 Contract
 --------
 ``ProxyConfig`` says how to run it; ``start(config)`` launches mitmdump in its own process group, waits until its CA
-exists and the addon's internal server answers (the addon is then ready: model calls wait for it, never pass through)
-and returns a :class:`ProxyHandle`; ``handle.stop()`` ends it. In regular mode the session comes from the proxy
-credentials (``proxyauth=any``); in reverse mode (a base URL) from the ``/s/<session>`` path prefix — proxyauth would
-demand HTTP auth there, so it is off.
+exists and the addon's internal server answers (model calls arriving before the rest of the start-up ends wait for it,
+at most ``harnessrl_startup_wait_s``, and never pass through) and returns a :class:`ProxyHandle`; ``handle.stop()``
+ends it. A mitmdump that exits first (a start-up failure exits with status 1 and logs ``harnessrl: cannot start:
+<reason>``) makes ``start`` raise ``RuntimeError`` with the log's tail at once, not after ``startup_timeout``.
+In regular mode the session comes from the proxy credentials (``proxyauth=any``); in reverse mode (a base URL) from
+the ``/s/<session>`` path prefix — proxyauth would demand HTTP auth there, so it is off.
 
 CLI (proxy env): ``python -m addon.launch --engine-url URL [--port P] [--records-dir D] [--set name=value ...]``
 runs in the foreground until Ctrl-C, printing the ``HTTPS_PROXY`` and CA path to use.

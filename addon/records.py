@@ -40,7 +40,7 @@ from addon.record_json import pack_json as pack_json  # re-exported: the blob co
 from addon.record_json import unpack_json as unpack_json
 from converters.canonical import WIRE_FORMATS, FinishReason, WireFormat
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: engine_wait_ms
 SCHEMA_VERSION_KEY: Final = b"harnessrl.schema_version"
 RUN_ID_KEY: Final = b"harnessrl.run_id"
 SHARD_NAME: Final = re.compile(r"^shard-(\d{5,})\.parquet$")
@@ -82,6 +82,7 @@ SCHEMA: Final = pa.schema(
         pa.field("parent_call_id", pa.string()),
         pa.field("fork_reason", pa.string()),
         pa.field("prompt_reused_tokens", pa.int32(), nullable=False),
+        pa.field("engine_wait_ms", pa.int32()),
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
@@ -119,9 +120,9 @@ class TurnTokens:
             logprobs = array("f", self.completion_logprobs)
         except (OverflowError, TypeError) as e:
             raise ValueError(f"completion_logprobs must be float32 numbers: {e}") from e
+        # NaN is allowed: it marks a sampled token the engine gave no logprob for (vLLM sends null for a
+        # non-finite value); addon.sequences masks such tokens from training.
         lp = pa.Array.from_buffers(pa.float32(), len(logprobs), [None, pa.py_buffer(logprobs)])
-        if len(logprobs) and pc.any(pc.is_nan(lp)).as_py():
-            raise ValueError("completion_logprobs must not contain NaN")
         object.__setattr__(self, "completion_logprobs", tuple(logprobs.tolist()))
         if len(self.completion_ids) != len(self.completion_logprobs):
             raise ValueError(
@@ -180,6 +181,7 @@ class CallRecord:
     parent_call_id: str | None = None
     fork_reason: str | None = None
     prompt_reused_tokens: int = 0
+    engine_wait_ms: int | None = None  # how long the call waited for an engine that could not take it yet
 
     def __post_init__(self) -> None:
         if not isinstance(self.tool_call_names, tuple):
@@ -201,6 +203,8 @@ class CallRecord:
                 f"prompt_reused_tokens={self.prompt_reused_tokens} must be within the prompt's "
                 f"{len(self.tokens.prompt_ids)} tokens"
             )
+        if self.engine_wait_ms is not None and not 0 <= self.engine_wait_ms <= _INT32_MAX:
+            raise ValueError(f"engine_wait_ms must be in [0, 2**31); got {self.engine_wait_ms}")
 
     def _check_times(self) -> None:
         stamps = [("received_at", self.received_at), ("first_token_at", self.first_token_at)]
@@ -272,6 +276,7 @@ def _scalar_row(record: CallRecord) -> dict[str, Any]:
         "parent_call_id": record.parent_call_id,
         "fork_reason": record.fork_reason,
         "prompt_reused_tokens": record.prompt_reused_tokens,
+        "engine_wait_ms": record.engine_wait_ms,
     }
 
 

@@ -8,9 +8,10 @@ internal server, and asks the engines what they serve (model folder, context len
 one engine or several (comma-separated replicas of one model): the runtime builds an
 :class:`~addon.engine_pool.EnginePool` either way (one URL: a one-engine pool, same behaviour), and every call goes
 through it with its session id (affinity and failover: see :mod:`addon.engine_pool`). The engines may be down at
-start: the proxy still starts, model calls get a vendor-shaped 503/529 with ``retry-after`` until one answers, and the
-runtime binds on the next call. Once bound, a poll every second reads each engine's weight version and up/down
-state; the admin ``policy_version`` route sets every engine's. Tokenizer loads and store I/O run in threads.
+start: the proxy still starts, a model call waits for one up to ``harnessrl_engine_wait_s`` (then gets a
+vendor-shaped 503/529 with ``retry-after``), and the runtime binds on the first call that finds one. Once bound, a
+poll every second reads each engine's weight version and up/down/busy state; the admin ``policy_version`` route sets
+every engine's. Tokenizer loads and store I/O run in threads.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Runtime:
         store = await asyncio.to_thread(
             RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
         )
-        runtime = cls(config, EnginePool.from_urls(config.engine_urls), store)
+        runtime = cls(config, EnginePool.from_urls(config.engine_urls, wait_s=config.engine_wait_s), store)
         runtime.server = InternalServer(
             _LazyGenerator(runtime),
             runtime.sessions,
@@ -247,23 +248,37 @@ _JSON = {"content-type": "application/json"}
 
 
 class _LazyGenerator:
-    """Binds to the engine on first use, so a proxy started before its engine serves calls once the engine is up."""
+    """Binds to the engine on first use, so a proxy started before its engine serves calls once the engine is up.
+
+    A call that arrives while no engine answers waits for one (retrying every second) up to the pool's ``wait_s``
+    (``harnessrl_engine_wait_s``), like a call whose engine refuses it; then it gets the vendor's retryable error."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
     async def handle(self, info, body: bytes, sink) -> None:
-        try:
-            generator = await self._runtime.bind()
-        except EngineError as e:
-            dialect = dialect_for(info.route.format)
-            wire = dialect.render_error(ConversionError("overloaded", f"engine unavailable: {e}", retry_after=1.0))
-            self._runtime.stats.error("engine")
-            await sink.start(wire.status, dict(wire.headers))
-            await sink.write(wire.body)
-            await sink.end()
+        wait_s = self._runtime.engine.wait_s
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                generator = await self._runtime.bind()
+            except EngineError as e:
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    await asyncio.sleep(min(1.0, remaining))
+                    continue
+                message = f"engine unavailable after {wait_s:g} s (harnessrl_engine_wait_s): {e}"
+                log.warning("harnessrl: call %s of session %s: %s", info.call_id, info.session_id, message)
+                wire = dialect_for(info.route.format).render_error(
+                    ConversionError("overloaded", message, retry_after=1.0)
+                )
+                self._runtime.stats.error("engine")
+                await sink.start(wire.status, dict(wire.headers))
+                await sink.write(wire.body)
+                await sink.end()
+                return
+            await generator.handle(info, body, sink)
             return
-        await generator.handle(info, body, sink)
 
 
 def _context_from_config(model_dir: Path) -> int:

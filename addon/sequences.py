@@ -16,7 +16,9 @@ env alike.
   ``behaviour_logprobs`` are the sampled ids' logprobs where the mask is 1 and 0 elsewhere. Each sampled call is
   trained in exactly one sequence: the first one (leaves in ``call_index`` order) that holds it; in the others it
   is masked. Auxiliary calls are roots of their own, marked ``auxiliary``. A call whose logprobs do not align with
-  its ids (count differs, a value not finite or above 0), or that ended incomplete, is never trained.
+  its ids (count differs, a value infinite or above 0), or that ended incomplete, is never trained. A NaN logprob
+  marks one sampled token the engine gave no logprob for (:data:`addon.engine_client.MISSING_LOGPROB`): that token
+  alone gets mask 0 (there is no behaviour logprob to take a ratio against); the rest of its call is trained.
 * :func:`validate_session` grades a session (:class:`SessionReport`); :func:`merge_ratio` is the number of token
   ids in per-call rows over the number in the merged sequences.
 
@@ -126,7 +128,7 @@ def mask_reason(record: CallRecord) -> MaskReason | None:
     t = record.tokens
     if len(t.completion_logprobs) != len(t.completion_ids):
         return "misaligned_logprobs"
-    if any(not math.isfinite(x) or x > LOGPROB_SLACK for x in t.completion_logprobs):
+    if any(math.isinf(x) or x > LOGPROB_SLACK for x in t.completion_logprobs):  # NaN: one token masked, not all
         return "misaligned_logprobs"
     if record.incomplete:
         return "incomplete"
@@ -154,8 +156,8 @@ def _sequence(path: list[CallRecord], trained: set[str]) -> TrainingSequence:
         if not t.completion_ids or r.call_id in trained or mask_reason(r) is not None:
             continue
         start = len(t.prompt_ids)
-        mask[start : start + len(t.completion_ids)] = [1] * len(t.completion_ids)
-        logprobs[start : start + len(t.completion_ids)] = t.completion_logprobs
+        mask[start : start + len(t.completion_ids)] = [0 if x != x else 1 for x in t.completion_logprobs]
+        logprobs[start : start + len(t.completion_ids)] = [0.0 if x != x else x for x in t.completion_logprobs]
         trained.add(r.call_id)
         here.append(r.call_id)
     return TrainingSequence(
@@ -195,6 +197,7 @@ class SessionReport:
     masked: tuple[tuple[MaskReason, int], ...]  # sampled calls never trained, by reason
     grade: Grade
     problems: tuple[str, ...]
+    missing_logprobs: int = 0  # sampled tokens without a logprob (NaN), each masked from training
 
 
 def validate_session(
@@ -210,6 +213,7 @@ def validate_session(
     changes = sum(1 for a, b in zip(versions, versions[1:], strict=False) if a != b)
     masked = Counter(m for r in graph.records if r.tokens.completion_ids and (m := mask_reason(r)) is not None)
     single = len(main) == 1 and expected_calls > 1
+    missing = sum(1 for r in graph.records for x in r.tokens.completion_logprobs if x != x)
     bad, warn = [], []
     if graph.broken:
         bad.append(f"{len(graph.broken)} parent links whose prompt does not extend the parent")
@@ -223,6 +227,8 @@ def validate_session(
         warn.append(f"policy version changed {changes} times mid-episode")
     if masked["incomplete"]:
         warn.append(f"{masked['incomplete']} incomplete calls")
+    if missing:
+        warn.append(f"{missing} sampled tokens without a logprob (masked from training)")
     grade: Grade = "bad" if bad else "warn" if warn else "ok"
     return SessionReport(
         session_id=graph.records[0].session_id if graph.records else "",
@@ -237,4 +243,5 @@ def validate_session(
         masked=tuple(masked.most_common()),
         grade=grade,
         problems=tuple(bad + warn),
+        missing_logprobs=missing,
     )

@@ -26,6 +26,8 @@ class Stats:
         self.calls = 0
         self.completion_tokens = 0
         self.errors: Counter[str] = Counter()
+        self.missing_logprob_tokens = 0  # sampled tokens the engine sent no logprob for (recorded as NaN)
+        self.missing_logprob_calls = 0
         self.splices: Counter[str] = Counter()  # "extends" or the fork reason of each spliced call
         self._overhead_in: deque[float] = deque(maxlen=window)
         self._overhead_out: deque[float] = deque(maxlen=window)
@@ -47,6 +49,10 @@ class Stats:
     def splice(self, reason: str) -> None:
         self.splices[reason] += 1
 
+    def missing_logprobs(self, tokens: int) -> None:
+        self.missing_logprob_tokens += tokens
+        self.missing_logprob_calls += 1
+
     def error(self, kind: str) -> None:
         self.errors[kind] += 1
 
@@ -60,6 +66,7 @@ class Stats:
             "completion_tokens": self.completion_tokens,
             "calls_per_s_last_60s": round(len(recent) / 60.0, 3),
             "errors": dict(self.errors),
+            "missing_logprobs": {"tokens": self.missing_logprob_tokens, "calls": self.missing_logprob_calls},
             "splice": dict(self.splices),
             "fork_ratio": round(self._forks() / max(1, sum(self.splices.values())), 4),
             "overhead_ms": {

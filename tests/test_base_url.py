@@ -1,7 +1,8 @@
 """addon/base_url.py: the internal server as a base URL, without mitmproxy — the official SDKs pointed at it with a
 session prefix, every route kind (model call streamed and not, count-tokens, model listing, local answers), the
-session from the prefix or the header, and oversized bodies refused in the caller's format. The runtime is the real
-one (generator, record store, tokenizer) against the FAKE engine of benchmarks/fake_engine.py, served in process."""
+session from the prefix or the header, oversized bodies refused in the caller's format, and (a documented limitation)
+repeated singleton headers refused by aiohttp before the endpoint runs. The runtime is the real one (generator,
+record store, tokenizer) against the FAKE engine of benchmarks/fake_engine.py, served in process."""
 
 from __future__ import annotations
 
@@ -124,3 +125,25 @@ async def test_off_leaves_only_the_internal_routes(smollm2_tokenizer_dir: Path, 
     finally:
         await asyncio.wait_for(b.runtime.stop(), 30)
         await server.close()
+
+
+async def test_repeated_user_agent_lines_are_refused_by_aiohttp_before_any_handler(base: Base) -> None:
+    """The documented limitation (docs/capture.md, *Repeated header lines*): a client talking to aiohttp directly
+    cannot repeat a singleton header, and nothing of ours runs to fold it. Should aiohttp start accepting them, this
+    fails: drop the note then."""
+    body = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}'
+    head = [
+        b"POST /s/dup/v1/messages HTTP/1.1",
+        b"Host: 127.0.0.1",
+        b"Content-Type: application/json",
+        b"User-Agent: Anthropic/Python 0.69.0",
+        b"user-agent: claude-code/2.0.14",
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+    ]
+    reader, writer = await asyncio.open_connection("127.0.0.1", base.runtime.port)
+    writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"400" and b"Duplicate 'User-Agent' header found" in answer
+    assert await base.rows() == []  # refused before the endpoint: no call, no record

@@ -3,29 +3,53 @@
 
 Each call must parse in its SDK, land in its session as one record, and the record's sampled ids and logprobs must
 be exactly what the engine samples for the recorded prompt ids and sampling (replayed directly against the engine).
+
+Without any process (fast tier, mitmproxy's ``taddons``/``tflow``): repeated header field lines are folded so the
+internal server's aiohttp parser accepts what the vendors accept, ambiguous framing is refused in the caller's
+format, and a call that arrives while the runtime starts waits a bounded time, or gets a 503 at once when start-up
+failed. Through mitmdump on the FAKE engine: an Anthropic call with two ``User-Agent`` lines (hermes) is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import anthropic
 import httpx
 import httpx2
 import openai
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from google import genai
 from google.genai import types as gtypes
+from mitmproxy import http as mhttp
+from mitmproxy.net.http.http1 import assemble_request
+from mitmproxy.test import taddons, tflow, tutils
 
+from addon import capture as capture_module
+from addon import launch
+from addon.capture import Capture, fold_field_lines
 from addon.engine_client import EngineClient, GenerationRequest
+from addon.record_store import RecordStoreError
 from addon.records import read_records
+from addon.server import CALL_PATH, harness_from_user_agent
+from benchmarks import fake_engine
+from converters.canonical import ConversionError
 from tests.conftest import start_proxy, stop_process, wait_until
 
-pytestmark = pytest.mark.integration
+integration = pytest.mark.integration  # the tests that start mitmdump and an engine
 
 PROMPT = "Name three colours."
 
@@ -49,7 +73,7 @@ def call(fmt: str, stream: bool, proxy, session: str) -> str:
     """One call through the proxy with the format's official SDK; returns the text the SDK parsed."""
     if fmt == "chat":
         c = openai_client(proxy, session)
-        msgs = [{"role": "user", "content": PROMPT}]
+        msgs: list[Any] = [{"role": "user", "content": PROMPT}]
         if not stream:
             return (
                 c.chat.completions.create(model="gpt-test", messages=msgs, max_tokens=24).choices[0].message.content
@@ -106,6 +130,7 @@ def replay(engine_url: str, row: dict) -> tuple[list[int], list[float]]:
     return asyncio.run(go())
 
 
+@integration
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("fmt", ["chat", "responses", "anthropic", "gemini"])
 def test_sdk_through_proxy_records_exactly_what_the_engine_sampled(proxy, engine_url, fmt, stream):
@@ -123,6 +148,7 @@ def test_sdk_through_proxy_records_exactly_what_the_engine_sampled(proxy, engine
     assert text.strip(), "the SDK parsed an empty answer"
 
 
+@integration
 def test_fifty_concurrent_sessions_of_mixed_formats(proxy):
     formats = ["chat", "responses", "anthropic", "gemini"]
     jobs = [(f"conc-{i:02d}-{uuid.uuid4().hex[:6]}", formats[i % 4], bool(i % 2)) for i in range(50)]
@@ -136,6 +162,7 @@ def test_fifty_concurrent_sessions_of_mixed_formats(proxy):
         assert [r["wire_format"] for r in by_session[session]] == [fmt], session
 
 
+@integration
 @pytest.mark.parametrize(
     ("path", "body", "headers", "status", "shape"),
     [
@@ -168,6 +195,7 @@ def test_bad_requests_get_vendor_shaped_errors(proxy, path, body, headers, statu
         assert err["error"]["message"]
 
 
+@integration
 def test_unknown_routes_answered_locally_and_other_hosts_untouched(proxy):
     with httpx.Client(proxy=proxy.url("routes"), verify=proxy.ssl_context(), timeout=30) as http:
         r = http.post("https://api.anthropic.com/api/event_logging/v2/batch", json={"events": []})
@@ -206,6 +234,7 @@ def forcing_proxy(tmp_path_factory, engine_url):
         stop_process(proc)
 
 
+@integration
 def test_forced_tool_call_loop_is_one_session(forcing_proxy, engine_url):
     session = f"tools-{uuid.uuid4().hex[:8]}"
     c = openai_client(forcing_proxy, session)
@@ -214,7 +243,7 @@ def test_forced_tool_call_loop_is_one_session(forcing_proxy, engine_url):
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     call_ = choice.message.tool_calls[0]  # type: ignore[index]
-    assert call_.function.name == "bash" and isinstance(json.loads(call_.function.arguments)["command"], str)
+    assert call_.function.name == "bash" and isinstance(json.loads(call_.function.arguments)["command"], str)  # type: ignore[union-attr]
     msgs += [
         choice.message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call_.id, "content": "a.txt"},
@@ -230,6 +259,7 @@ def test_forced_tool_call_loop_is_one_session(forcing_proxy, engine_url):
     assert rows[1]["prompt_reused_tokens"] == len(first_ids)
 
 
+@integration
 def test_kill_9_during_traffic_loses_no_turn_a_client_saw_complete(tmp_path, engine_url):
     import os
     import signal
@@ -270,6 +300,7 @@ def test_kill_9_during_traffic_loses_no_turn_a_client_saw_complete(tmp_path, eng
     assert not missing, f"turns a client saw complete but not exactly once in a shard: {missing}"
 
 
+@integration
 def test_reverse_mode_base_url_with_session_prefix_and_admin(tmp_path, engine_url):
     # the upstream is never contacted: every request on a reverse-mode listener is answered locally
     proc, p = start_proxy(tmp_path, engine_url, mode="reverse:http://127.0.0.1:9")
@@ -297,6 +328,7 @@ def test_reverse_mode_base_url_with_session_prefix_and_admin(tmp_path, engine_ur
         stop_process(proc)
 
 
+@integration
 def test_twenty_call_tool_session_is_token_faithful(forcing_proxy, engine_url):
     from addon.records import records_from_table
     from addon.render import PromptRenderer
@@ -343,3 +375,282 @@ def model_root(engine_url: str) -> str:
             return (await engine.models())[0].root
 
     return asyncio.run(go())
+
+
+# ------------------------------------------------------------------------------------------- header field lines
+# hermes' Anthropic provider: the SDK's agent plus its own, differing in case. aiohttp refused the second line.
+HERMES_UA = [(b"User-Agent", b"Anthropic/Python 0.69.0"), (b"user-agent", b"claude-code/2.0.14")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param(HERMES_UA, [(b"User-Agent", b"claude-code/2.0.14 Anthropic/Python 0.69.0")], id="ua"),
+        pytest.param(
+            [(b"user-agent", b"x/1"), (b"accept", b"*/*"), (b"User-Agent", b"x/1")],
+            [(b"user-agent", b"x/1"), (b"accept", b"*/*")],
+            id="ua-repeated",
+        ),
+        pytest.param(
+            [(b"anthropic-beta", b"a"), (b"x-api-key", b"k"), (b"Anthropic-Beta", b"b,c")],
+            [(b"anthropic-beta", b"a, b,c"), (b"x-api-key", b"k")],
+            id="list-field",
+        ),
+        pytest.param([(b"cookie", b"a=1"), (b"cookie", b"b=2")], [(b"cookie", b"a=1; b=2")], id="cookie"),
+        pytest.param(
+            [(b"content-type", b"application/json"), (b"Content-Type", b"text/plain")],
+            [(b"content-type", b"application/json")],
+            id="singleton-first-kept",
+        ),
+        pytest.param(
+            [(b"content-length", b"7"), (b"host", b"h"), (b"Content-Length", b"7")],
+            [(b"content-length", b"7"), (b"host", b"h")],
+            id="content-length-agreeing",
+        ),
+        pytest.param(
+            [(b"b", b"2"), (b"a", b"1"), (b"c", b"3")], [(b"b", b"2"), (b"a", b"1"), (b"c", b"3")], id="untouched"
+        ),
+    ],
+)
+def test_fold_field_lines_leaves_one_line_per_name(fields, expected) -> None:
+    assert list(fold_field_lines(fields)) == expected
+
+
+def test_folded_user_agent_names_the_harness_not_its_sdk() -> None:
+    (folded,) = (v for k, v in fold_field_lines(HERMES_UA) if k.lower() == b"user-agent")
+    assert harness_from_user_agent(folded.decode()) == ("claude-code", None)
+    reordered = fold_field_lines(HERMES_UA[::-1])  # whichever line comes first, the SDK's agent goes last
+    assert reordered == ((b"user-agent", b"claude-code/2.0.14 Anthropic/Python 0.69.0"),)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [(b"content-length", b"7"), (b"Content-Length", b"70")],
+        [(b"transfer-encoding", b"chunked"), (b"transfer-encoding", b"chunked")],
+        [(b"transfer-encoding", b"chunked"), (b"content-length", b"7")],
+    ],
+    ids=["content-lengths-disagree", "two-transfer-encodings", "both"],
+)
+def test_ambiguous_framing_is_refused(fields) -> None:
+    with pytest.raises(ConversionError) as err:
+        fold_field_lines(fields)
+    assert err.value.kind == "invalid_request" and "framing" in err.value.message
+
+
+# ------------------------------------------------------------------------ the addon in process (taddons, tflow)
+ANTHROPIC_BODY = json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def vendor_flow(host: str, path: str, *fields: tuple[bytes, bytes], body: bytes = ANTHROPIC_BODY) -> mhttp.HTTPFlow:
+    """A live flow as mitmproxy hands it to the request hook: POST ``path`` on ``host`` (HTTPS, regular mode)."""
+    headers = mhttp.Headers(
+        [
+            (b"host", host.encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *fields,
+        ]
+    )
+    req = tutils.treq(
+        host=host, port=443, scheme=b"https", method=b"POST", path=path.encode(), headers=headers, content=body
+    )
+    return tflow.tflow(req=req)
+
+
+def anthropic_flow(*fields: tuple[bytes, bytes]) -> mhttp.HTTPFlow:
+    return vendor_flow("api.anthropic.com", "/v1/messages", *fields)
+
+
+class StubRuntime:
+    """What the addon needs of a started runtime to retarget a call: the internal server's port."""
+
+    def __init__(self, port: int = 9) -> None:
+        self.port = port
+        self.engine = SimpleNamespace(describe=lambda: "a stub engine")
+
+    async def stop(self) -> None:
+        pass
+
+
+@asynccontextmanager
+async def addon_with(
+    monkeypatch: pytest.MonkeyPatch, start: Callable[[object], Awaitable[object]], **options: object
+) -> AsyncIterator[tuple[Capture, taddons.context]]:
+    """The capture addon in a mitmproxy test context, its ``Runtime.start`` replaced by ``start``."""
+    monkeypatch.setattr(capture_module, "Runtime", SimpleNamespace(start=start))
+    addon = Capture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, harnessrl_startup_wait_s=options.pop("harnessrl_startup_wait_s", 60), **options)
+        yield addon, tctx
+
+
+async def send_raw(port: int, raw: bytes) -> tuple[int, bytes]:
+    """One HTTP/1.1 exchange on a fresh connection (the request says ``connection: close``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_a_call_with_two_user_agent_lines_reaches_aiohttp_as_one(monkeypatch) -> None:
+    """Regression (issue 15): the internal server's aiohttp parser answered hermes' every call with
+    ``400 Duplicate 'User-Agent' header found``. Retargeted, the call carries one folded line it accepts."""
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"user-agent": request.headers.getall("user-agent")})
+
+    app = web.Application()
+    app.router.add_post(CALL_PATH, echo)
+    server = TestServer(app)
+    await server.start_server()
+    port = server.port
+    assert port is not None
+    try:
+        flow = anthropic_flow(*HERMES_UA)
+        as_sent = flow.request.copy()
+        as_sent.path = CALL_PATH
+        status, body = await send_raw(port, assemble_request(as_sent))  # what went wrong before the fold
+        assert status == 400 and b"Duplicate 'User-Agent' header" in body
+
+        async def start(config: object) -> StubRuntime:
+            return StubRuntime(port)
+
+        async with addon_with(monkeypatch, start) as (addon, _):
+            await addon.running()
+            await addon.request(flow)
+        assert flow.response is None and (flow.request.host, flow.request.port) == ("127.0.0.1", port)
+        status, body = await send_raw(port, assemble_request(flow.request))
+        assert status == 200, body
+        assert json.loads(body) == {"user-agent": ["claude-code/2.0.14 Anthropic/Python 0.69.0"]}
+    finally:
+        await server.close()
+
+
+async def test_disagreeing_content_lengths_get_a_vendor_400_and_are_not_forwarded(monkeypatch) -> None:
+    async def start(config: object) -> StubRuntime:
+        return StubRuntime()
+
+    flow = anthropic_flow((b"Content-Length", b"3"))
+    async with addon_with(monkeypatch, start) as (addon, _):
+        await addon.running()
+        await addon.request(flow)
+    assert flow.request.host == "api.anthropic.com"  # never retargeted
+    assert flow.response is not None and flow.response.status_code == 400
+    error = json.loads(flow.response.content or b"")
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "Content-Length" in error["error"]["message"]
+
+
+def assert_503(flow: mhttp.HTTPFlow, shape: str, reason: str) -> None:
+    assert flow.response is not None and flow.response.status_code == 503
+    assert flow.response.headers["retry-after"] == "1"
+    error = json.loads(flow.response.content or b"")
+    if shape == "anthropic":
+        assert error["type"] == "error" and reason in error["error"]["message"]
+    else:
+        assert error["error"]["code"] == "service_unavailable" and reason in error["error"]["message"]
+
+
+async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
+    release = asyncio.Event()
+
+    async def start(config: object) -> StubRuntime:
+        await release.wait()
+        return StubRuntime()
+
+    async with addon_with(monkeypatch, start) as (addon, _):
+        running = asyncio.ensure_future(addon.running())
+        flow = anthropic_flow()
+        call = asyncio.ensure_future(addon.request(flow))
+        await asyncio.sleep(0.2)
+        assert not call.done()  # waits for the runtime, never passes through
+        release.set()
+        await asyncio.wait_for(asyncio.gather(running, call), 5)
+    assert flow.response is None and flow.request.host == "127.0.0.1"
+
+
+async def test_a_call_waits_for_a_slow_start_up_at_most_startup_wait_s(monkeypatch) -> None:
+    async def start(config: object) -> StubRuntime:
+        await asyncio.Event().wait()  # a start-up that never ends
+        raise AssertionError("unreachable")
+
+    async with addon_with(monkeypatch, start, harnessrl_startup_wait_s=1) as (addon, _):
+        running = asyncio.ensure_future(addon.running())
+        flow = anthropic_flow()
+        t0 = time.monotonic()
+        await asyncio.wait_for(addon.request(flow), 10)
+        assert 0.9 <= time.monotonic() - t0 < 5
+        running.cancel()
+    assert_503(flow, "anthropic", "still starting after 1 s (harnessrl_startup_wait_s)")
+
+
+async def test_a_failed_start_up_answers_503_at_once_and_shuts_the_proxy_down(monkeypatch, caplog) -> None:
+    """Regression (issue 15): a start-up that raised left every intercepted call waiting forever."""
+    fail = asyncio.Event()
+
+    async def start(config: object) -> StubRuntime:
+        await fail.wait()
+        raise RecordStoreError("runs/records is already open by another record store")
+
+    async with addon_with(monkeypatch, start) as (addon, tctx):
+        running = asyncio.ensure_future(addon.running())
+        waiting = anthropic_flow()
+        call = asyncio.ensure_future(addon.request(waiting))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="harnessrl.capture"):
+            fail.set()
+            await asyncio.wait_for(call, 5)
+            assert time.monotonic() - t0 < 1  # not the 60 s harnessrl_startup_wait_s
+            await asyncio.wait_for(running, 5)
+        later = vendor_flow("api.openai.com", "/v1/chat/completions", body=b'{"model": "m", "messages": []}')
+        await asyncio.wait_for(addon.request(later), 1)  # while the process shuts down: at once
+        await asyncio.sleep(0)
+        assert tctx.master.should_exit.is_set()
+    assert_503(waiting, "anthropic", "failed to start (runs/records is already open by another record store)")
+    assert_503(later, "chat", "failed to start")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["harnessrl: cannot start: runs/records is already open by another record store"]
+
+
+# ------------------------------------------------------------------- through mitmdump, on the FAKE engine
+@pytest.fixture(scope="module")
+def fake_proxy(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path):
+    """mitmdump with the addon in front of the FAKE engine of benchmarks/fake_engine.py (no vLLM needed)."""
+    engine = fake_engine.spawn(smollm2_tokenizer_dir, launch.free_port(), tokens=12)
+    work = tmp_path_factory.mktemp("fake-proxy")
+    try:
+        handle = launch.start(
+            launch.ProxyConfig(engine.url, work, options=(f"harnessrl_model_dir={smollm2_tokenizer_dir}",))
+        )
+    except BaseException:
+        engine.stop()
+        raise
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        engine.stop()
+
+
+@integration
+def test_hermes_call_with_two_user_agent_lines_is_answered_through_mitmdump(fake_proxy) -> None:
+    session = f"hermes-{uuid.uuid4().hex[:8]}"
+    body = {"model": "claude-test", "max_tokens": 8, "messages": [{"role": "user", "content": PROMPT}]}
+    headers = [("anthropic-version", "2023-06-01"), ("x-api-key", "sk-ant-test")]
+    headers += [(k.decode(), v.decode()) for k, v in HERMES_UA]  # two field lines on the wire, differing in case
+    with httpx.Client(proxy=fake_proxy.url(session), verify=fake_proxy.ssl_context(), timeout=60) as http:
+        r = http.post("https://api.anthropic.com/v1/messages", json=body, headers=headers)
+        assert r.request.headers.get_list("user-agent") == [v.decode() for _, v in HERMES_UA]
+    assert r.status_code == 200, r.text
+    message = anthropic.types.Message.model_validate(r.json())
+    assert message.role == "assistant" and message.content
+    (row,) = session_records(fake_proxy, session)
+    assert (row["harness"], row["wire_format"], row["error"]) == ("claude-code", "anthropic", None)
+    agent = json.loads(row["identity_hints"])["user_agent"]
+    assert "claude-code/2.0.14" in agent and "Anthropic/Python 0.69.0" in agent  # both values recorded

@@ -8,6 +8,7 @@ weight-reload calls (including what happens when one of them fails).
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from addon import engine_client
 from addon.engine_client import (
+    MISSING_LOGPROB,
     BadRequest,
     Choice,
     ClientTimeouts,
@@ -95,7 +97,8 @@ async def test_generate_parses_ids_logprobs_and_sends_the_token_payload() -> Non
     [
         (completion_body([7, 8], [-0.5]), "2 token ids but logprobs"),
         (completion_body([7, 8], None), "is `logprobs: 0` honoured"),
-        (completion_body([7], [None]), "has no logprob"),  # type: ignore[list-item]
+        (completion_body([7], ["x"]), "logprob is not a number"),  # type: ignore[list-item]
+        (completion_body([7], [True]), "logprob is not a number"),  # type: ignore[list-item]
         (completion_body([7], [-1.0], finish="weird"), "unknown finish_reason"),
         (completion_body([7], [-1.0], usage=None), "usage is missing"),
         (completion_body([7], [-1.0], usage={"prompt_tokens": 3, "completion_tokens": 5}), "usage says 5"),
@@ -108,6 +111,19 @@ async def test_malformed_completions_raise(body: bytes, match: str) -> None:
     async with fake(lambda r: httpx.Response(200, content=body)) as client:
         with pytest.raises(MalformedResponse, match=match):
             await client.generate(REQ)
+
+
+async def test_a_null_logprob_is_a_missing_logprob_not_a_failure() -> None:
+    """vLLM writes a non-finite logprob as JSON null; the token was sampled, so it is kept with NaN."""
+    events = [stream_event([7], [-0.5], "a"), stream_event([8], [None], "b", finish="stop"), USAGE_EVENT]  # type: ignore[list-item]
+    body = sse(*events)
+    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+        streamed = await client.stream_result(REQ)
+    async with fake(lambda r: httpx.Response(200, content=completion_body([7, 8], [-0.5, None]))) as client:  # type: ignore[list-item]
+        whole = await client.generate(REQ)
+    for result in (streamed, whole):
+        assert result.completion_ids == (7, 8) and result.logprobs[0] == -0.5
+        assert math.isnan(result.logprobs[1]) and MISSING_LOGPROB != MISSING_LOGPROB
 
 
 async def test_stream_yields_chunks_and_accumulates() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from mitmproxy.options import Options
 
+from addon.aio import spawn
 from addon.config import CaptureConfig, add_options
 from addon.engine_client import (
     EngineClient,
@@ -31,6 +33,7 @@ from addon.engine_client import (
 )
 from addon.engine_pool import (
     EnginePool,
+    NoEngine,
     Routed,
     check_engines,
     parse_engine_urls,
@@ -104,8 +107,8 @@ async def three(base_engine: FakeEngine) -> AsyncIterator[list[Served]]:
             await e.kill()
 
 
-async def bound(engines: list[Served]) -> EnginePool:
-    pool = EnginePool.from_urls([e.url for e in engines])
+async def bound(engines: list[Served], wait_s: float = 0.0) -> EnginePool:
+    pool = EnginePool.from_urls([e.url for e in engines], wait_s=wait_s)
     await pool.bind()
     await pool.poll()
     return pool
@@ -272,17 +275,85 @@ async def test_a_connect_timeout_fails_over_like_a_refusal(base_engine: FakeEngi
     await live.kill()
 
 
-async def test_with_every_engine_down_a_call_fails_with_engine_unavailable(three: list[Served]) -> None:
-    pool = await bound(three)
+async def test_with_every_engine_down_a_call_waits_its_deadline_then_fails_with_no_engine(
+    three: list[Served],
+) -> None:
+    pool = await bound(three, wait_s=1.0)
     for e in three:
         await e.kill()
-    with pytest.raises(EngineUnavailable, match="no engine answered"):
+    t0 = time.monotonic()
+    with pytest.raises(NoEngine, match="no engine took the call within harnessrl_engine_wait_s=1 s") as err:
         await one_call(pool, "s")
+    assert 1.0 <= time.monotonic() - t0 < 5.0 and err.value.waited_s >= 1.0
+    assert isinstance(err.value, EngineUnavailable)  # the generator's retryable vendor error
     await pool.aclose()
-    unbound = EnginePool.from_urls([e.url for e in three])
-    with pytest.raises(EngineUnavailable, match="no engine is known to serve the model yet"):
+    unbound = EnginePool.from_urls([e.url for e in three], wait_s=0.5)
+    with pytest.raises(NoEngine, match="no engine is known to serve the model yet"):
         await one_call(unbound, "s")
     await unbound.aclose()
+
+
+async def test_a_call_waits_for_its_only_engine_to_come_back_and_records_the_wait(base_engine: FakeEngine) -> None:
+    only = Served(replica(base_engine))
+    await only.start()
+    pool = await bound([only], wait_s=30.0)
+    await only.kill()  # e.g. restarting: connections refused for a while
+
+    async def back_later() -> None:
+        await asyncio.sleep(1.5)
+        await only.start()
+
+    comeback = spawn(back_later(), "comeback")
+    routed, ids = await one_call(pool, "patient")
+    await comeback
+    assert routed.url == only.url and len(ids) == REQ.max_tokens
+    assert 1.0 <= routed.waited_s < 10.0  # what the generator records as engine_wait_ms
+    routed, _ = await one_call(pool, "patient")
+    assert routed.waited_s == 0.0
+    await pool.aclose()
+    await only.kill()
+
+
+@dataclass
+class Stalling(Replica):
+    """FAKE: an engine whose control routes stall (its API server starved by a long prefill) while it keeps
+    streaming completions. The stall only has to outlast the poll's timeout (scaled down here from 5 s)."""
+
+    stall_s: float = 3.0
+
+    async def _models(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.stall_s)
+        return await super()._models(request)
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.stall_s)
+        return await super()._weight_info(request)
+
+
+async def test_a_busy_engine_whose_poll_stalls_is_never_taken_for_dead(
+    base_engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = Stalling(base_engine.answers, base_engine.model_dir, max_model_len=8192)
+    served = Served(engine)
+    await served.start()
+    pool = EnginePool.from_urls([served.url], wait_s=5.0)
+    engine.stall_s = 0.0
+    await pool.bind()
+    engine.stall_s = 3.0
+    pool.poll_timeout = 0.2
+    caplog.set_level("INFO", logger="harnessrl.engine_pool")
+    for _ in range(3):
+        polls = spawn(pool.poll(), "poll")
+        routed, ids = await one_call(pool, "busy")  # calls keep streaming while the poll hangs
+        await polls
+        assert len(ids) == REQ.max_tokens and routed.waited_s == 0.0
+        assert [e.status for e in pool.engines] == ["up"]
+    assert pool.engines[0].slow_polls == 3 and pool.failovers == 0
+    busy = [r.message for r in caplog.records if "slow to answer its poll" in r.message]
+    assert len(busy) == 1 and "busy, not down" in busy[0]  # logged once, not once per poll
+    assert not [r for r in caplog.records if "is down" in r.message]
+    await pool.aclose()
+    await served.kill()
 
 
 # ------------------------------------------------------------------------------------------------ model checks

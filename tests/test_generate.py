@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
+import time
 import uuid
 
 import anthropic
 import httpx
 import httpx2
 import openai
+import pyarrow.compute as pc
 import pytest
 from aiohttp import web
 
-from addon.records import read_records
+from addon.records import read_records, records_from_table
+from addon.sequences import build_sequences
 from tests.conftest import free_port, start_proxy, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -34,6 +38,7 @@ class FakeEngine:
         self.die_after: int | None = None
         self.tokens = 6
         self.delay = 0.0  # seconds between tokens
+        self.null_logprob_at: int | None = None  # this token's logprob is sent as null (vLLM's JSON for NaN)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
 
@@ -60,7 +65,12 @@ class FakeEngine:
                 "text": "a",
                 "token_ids": [28],
                 "finish_reason": "length" if last else None,
-                "logprobs": {"token_logprobs": [-0.5], "tokens": ["a"], "top_logprobs": None, "text_offset": [i]},
+                "logprobs": {
+                    "token_logprobs": [None if i == self.null_logprob_at else -0.5],
+                    "tokens": ["a"],
+                    "top_logprobs": None,
+                    "text_offset": [i],
+                },
             }
             await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n".encode())
         assert body["prompt"]
@@ -100,6 +110,7 @@ def faulty(tmp_path_factory, smollm2_tokenizer_dir):
     proc, proxy = start_proxy(
         tmp_path_factory.mktemp("faulty"), f"http://127.0.0.1:{port}",
         "--set", f"harnessrl_model_dir={smollm2_tokenizer_dir}", "--set", "harnessrl_max_calls=2",
+        "--set", "harnessrl_engine_wait_s=2",
     )  # fmt: skip
     engine = FakeEngine(str(smollm2_tokenizer_dir), port)
     try:
@@ -117,9 +128,11 @@ def test_engine_down_at_start_gives_vendor_errors_with_retry_after_then_recovers
     proxy, engine = faulty
     http = httpx2.Client(proxy=proxy.url("down"), verify=proxy.ssl_context(), timeout=60)
     client = anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0)
+    t0 = time.monotonic()
     with pytest.raises(anthropic.APIStatusError) as err:
         client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
-    assert err.value.status_code in (503, 529)
+    assert 2.0 <= time.monotonic() - t0 < 30  # it waited harnessrl_engine_wait_s for the engine, then answered
+    assert err.value.status_code in (503, 529) and "harnessrl_engine_wait_s" in str(err.value)
     assert err.value.response.headers.get("retry-after")
     engine.start()  # the engine comes up; the same proxy now serves calls
     msg = client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
@@ -149,6 +162,30 @@ def test_engine_dies_mid_stream_in_stream_error_and_incomplete_record(faulty):
     broken = [r for r in rows if r["incomplete"]]
     assert len(broken) == 1 and broken[0]["error"].startswith("engine")
     assert broken[0]["completion_ids"] == [28] * 3  # what was sampled before the failure is kept
+
+
+def test_a_null_logprob_is_answered_recorded_as_nan_masked_and_counted(faulty):
+    """vLLM sends ``null`` for a non-finite logprob: the harness still gets its answer (Gemini CLI and Kilo got
+    'engine unavailable' before), the record keeps NaN at that token, the trainer's sequence masks it, and the
+    admin stats count it."""
+    proxy, engine = faulty
+    engine.start()
+    engine.die_after, engine.null_logprob_at = None, 2
+    session = f"nulllp-{uuid.uuid4().hex[:6]}"
+    try:
+        http = httpx2.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
+        client = anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0)
+        msg = client.messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    finally:
+        engine.null_logprob_at = None
+    assert msg.content[0].text == "a" * 6
+    (row,) = records_of(proxy, session)
+    lps = row["completion_logprobs"]
+    assert row["error"] is None and math.isnan(lps[2]) and [x for i, x in enumerate(lps) if i != 2] == [-0.5] * 5
+    (seq,) = build_sequences(records_from_table(read_records(proxy.records, filter=pc.field("session_id") == session)))
+    start = len(row["prompt_ids"])
+    assert seq.loss_mask[start : start + 6] == (1, 1, 0, 1, 1, 1)
+    assert proxy.admin("GET", "stats")["missing_logprobs"]["tokens"] >= 1
 
 
 def test_budget_stop_answers_normally_and_is_recorded(faulty):

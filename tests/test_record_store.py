@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from addon import record_store, wal
 from addon.record_store import RecordStore, RecordStoreError, StoreConfig
-from addon.records import CallRecord, read_records, records_from_table
+from addon.records import SCHEMA_VERSION, CallRecord, read_records, records_from_table
 from tests.record_factory import make_record, records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_round_trip_shards_row_groups_and_manifest(tmp_path: Path) -> None:
     assert first.row_group(0).column(0).compression == "ZSTD"
     assert _manifest(tmp_path) == {
         "format": "harnessrl-records",
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "run_id": "run-1",
         "total_rows": 23,
         "shards": [{"file": s.name, "rows": n} for s, n in zip(shards, [10, 10, 3], strict=True)],

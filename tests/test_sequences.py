@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -120,6 +121,27 @@ def test_misaligned_logprobs_are_masked_and_counted() -> None:
     assert sum(seq.loss_mask) == len(ep.records[0].tokens.completion_ids)
     report = validate_session(ep.records)
     assert report.masked == (("misaligned_logprobs", 2),) and report.grade == "bad"
+
+
+def test_a_missing_logprob_masks_that_token_only_and_is_counted() -> None:
+    ep = Episode()
+    ep.call("c0")
+    ep.call("c1", parent="c0")
+    t = ep.records[1].tokens
+    nan = float("nan")
+    # what addon.engine_client makes of vLLM's `null` logprob; TurnTokens keeps it as NaN
+    missing = (t.completion_logprobs[0], nan) + t.completion_logprobs[2:]
+    ep.records[1] = dataclasses.replace(ep.records[1], tokens=TurnTokens(t.prompt_ids, t.completion_ids, missing))
+    assert mask_reason(ep.records[1]) is None  # the call is trained, minus the one token
+    (seq,) = build_sequences(ep.records)
+    assert seq.trained_call_ids == ("c0", "c1")
+    start = len(t.prompt_ids)
+    assert seq.loss_mask[start : start + 3] == (1, 0, 1)
+    assert seq.behaviour_logprobs[start + 1] == 0.0 and all(x == x for x in seq.behaviour_logprobs)
+    assert sum(seq.loss_mask) == len(ep.records[0].tokens.completion_ids) + len(t.completion_ids) - 1
+    report = validate_session(ep.records)
+    assert report.missing_logprobs == 1 and report.grade == "warn"
+    assert any("without a logprob" in p for p in report.problems)
 
 
 def test_a_parent_link_that_is_not_a_token_prefix_splits_the_path() -> None:
