@@ -87,13 +87,21 @@ class Runtime:
         )
         if config.base_url:
             BaseUrlEndpoint(runtime.server, config.session_sources, config.max_body, runtime.answer_locally).install()
-        await runtime.server.start(port=config.server_port)
         try:
-            await runtime.bind()
-        except EngineError as e:
-            log.warning(
-                "harnessrl: engine at %s not usable yet (%s); calls get 503 until it is", runtime.engine.describe(), e
-            )
+            await runtime.server.start(port=config.server_port)
+            try:
+                await runtime.bind()
+            except EngineError as e:
+                log.warning(
+                    "harnessrl: engine at %s not usable yet (%s); calls wait for it up to harnessrl_engine_wait_s",
+                    runtime.engine.describe(),
+                    e,
+                )
+        except BaseException:
+            # a start-up that fails (tokenizer missing, port taken) releases what it opened: the record store's lock
+            # and the internal server's port, so the process can exit, or a caller retry, cleanly
+            await runtime.stop()
+            raise
         return runtime
 
     def memory_probes(self) -> dict[str, Callable[[], Any]]:
