@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -42,7 +45,7 @@ from benchmarks import fake_engine, tree  # noqa: E402
 from benchmarks.replayer import BaseUrl, Direct, Internal, Proxied, ReplayLog, Target, replay, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, context_script, make_script  # noqa: E402
 from converters.canonical import WireFormat  # noqa: E402
-from tasks.barchart import bar_chart_png  # noqa: E402
+from tasks.figures import BarSeries, bar_figure, png  # noqa: E402
 
 CHARS_PER_TOKEN = 5.8  # of benchmarks.sessions.words() under the SmolLM2 tokenizer (measured; the page reports
 # the real prompt lengths read back from the records)
@@ -283,6 +286,55 @@ def _short(target: str) -> str:
     return "url" if "URL" in target else target.split()[-1]
 
 
+def page_figures(results: dict[str, Any]) -> dict[str, Figure]:
+    """``fraction_of_direct``: calls/s of each proxied target as % of direct, by concurrent sessions;
+    ``added_latency``: steady-state added ms per call (p50, p99) by context, through mitmproxy (and the base URL)."""
+    levels: list[LevelRow] = results["levels"]
+    direct = {r.sessions: r.calls_per_s for r in levels if r.target == "direct"}
+    sessions = sorted({r.sessions for r in levels})
+    targets = list(dict.fromkeys(r.target for r in levels if r.target != "direct"))
+    cps = {(r.target, r.sessions): r.calls_per_s for r in levels}
+    fraction = [
+        BarSeries(t, tuple(100 * cps[(t, n)] / direct[n] if (t, n) in cps and direct.get(n) else math.nan
+                           for n in sessions))
+        for t in targets
+    ]  # fmt: skip
+    rate = f" at {results['token_rate']:g} tokens/s" if results.get("token_rate") else ""
+    tokens = f"fake engine, {results['tokens']} tokens per answer{rate}" if "tokens" in results else "fake engine"
+    figures = {
+        "fraction_of_direct": bar_figure(
+            f"Throughput through harnessrl as % of direct-to-engine calls/s\nby concurrent sessions ({tokens})",
+            [str(n) for n in sessions],
+            fraction,
+            ylabel="% of direct calls/s",
+            xlabel="concurrent sessions",
+            ymax=100,
+            value_format="{:.0f}",
+        )
+    }
+    sweeps = [("mitmproxy", results["contexts"])]
+    if results.get("contexts_base_url"):
+        sweeps.append(("base URL", results["contexts_base_url"]))
+    contexts: list[ContextRow] = results["contexts"]
+    colors = {("mitmproxy", "p50"): "#4C72B0", ("mitmproxy", "p99"): "#A1B9DE",
+              ("base URL", "p50"): "#55A868", ("base URL", "p99"): "#A7D4B1"}  # fmt: skip
+    latency = [
+        BarSeries(f"{name} {q}", tuple(getattr(c, f"steady_{q}_ms") for c in rows), color=colors[(name, q)])
+        for name, rows in sweeps
+        for q in ("p50", "p99")
+    ]
+    figures["added_latency"] = bar_figure(
+        "Added latency per call through harnessrl, by context\n"
+        "proxied minus direct for the same call, steady-state calls (unpaced fake engine)",
+        [f"{c.target_tokens // 1000}k" for c in contexts],
+        latency,
+        ylabel="added latency per call (ms)",
+        xlabel="context (target prompt tokens)",
+        value_format="{:.1f}",
+    )
+    return figures
+
+
 def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -333,18 +385,8 @@ def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path
     lines += ["## Peers", "", PEERS, ""]
     page = out / "side_by_side.md"
     page.write_text("\n".join(lines))
-    direct = {r.sessions: r.calls_per_s for r in results["levels"] if r.target == "direct"}
-    bars = [
-        (
-            f"{'url' if 'URL' in r.target else r.target.split()[-1]} {r.sessions}",
-            100 * r.calls_per_s / direct[r.sessions],
-        )
-        for r in results["levels"]
-        if r.target != "direct" and direct.get(r.sessions)
-    ]
-    (out / "fraction_of_direct.png").write_bytes(bar_chart_png("% of direct calls/s by sessions", bars, vmax=100))
-    ctx = [(f"{c.target_tokens // 1000}k", max(0.0, c.steady_p50_ms)) for c in results["contexts"]]
-    (out / "added_latency.png").write_bytes(bar_chart_png("added ms p50 by context", ctx))
+    for name, fig in page_figures(results).items():
+        (out / f"{name}.png").write_bytes(png(fig))
     return page
 
 

@@ -15,7 +15,8 @@ Contract
   ``verifier_passed``), mean reward, mean tool calls, mean calls, errors, and how many (task, harness) groups have
   rewards that differ (a group whose rewards are all equal gives GRPO no signal). :func:`summary_csv` and
   :func:`summary_markdown` render it; :func:`write_outputs` writes the episodes, both summaries and two bar charts
-  (pass@1 and mean tool calls per harness) into a run folder.
+  into a run folder: pass@1 per harness with its 95% Wilson interval, and mean tool calls per episode per harness
+  with its 95% Student's t interval (:func:`summary_figures`; the bars are the summary's own numbers).
 * :class:`Progress` is the one-line progress bar of a run (in place on a terminal, a line per episode otherwise).
 
 Layout: call statistics, the record and schema, Parquet I/O, scoring and the final join, the summary, outputs,
@@ -34,15 +35,17 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from addon.records import CallRecord, read_records, records_from_table
 from addon.sequences import validate_session
-from tasks.barchart import bar_chart_png
 from tasks.rewards import EpisodeOutcome, Rewarder
+
+if TYPE_CHECKING:  # matplotlib is imported only when a chart is drawn: the trainer imports this module too
+    from matplotlib.figure import Figure
 
 EPISODE_SCHEMA_VERSION: Final = 1
 EPISODE_SCHEMA_VERSION_KEY: Final = b"harnessrl.episode_schema_version"
@@ -335,22 +338,56 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
 # ------------------------------------------------------------------------------------------------ outputs
 
 
+def summary_figures(episodes: Sequence[EpisodeRecord], run: str = "") -> dict[str, Figure]:
+    """``pass_at_1`` and ``tool_calls`` figures: one bar per harness (the :func:`summarize` value) with its 95%
+    interval; empty input gives no charts. ``run`` names the run in the titles."""
+    from tasks.figures import BarSeries, bar_figure, mean_interval, wilson_interval
+
+    rows = [r for r in summarize(episodes) if r.harness != ALL]
+    if not rows:
+        return {}
+    by_harness: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    for e in episodes:
+        by_harness[e.harness].append(e)
+    names = [r.harness for r in rows]
+    n = {h: len(by_harness[h]) for h in names}
+    tasks = len({e.task_id for e in episodes})
+    on = f"{len(episodes)} episodes on {tasks} task{'s' * (tasks != 1)}" + (f", run {run}" if run else "")
+    pass_ci = [wilson_interval(sum(e.verifier_passed for e in by_harness[h]), n[h]) for h in names]
+    tool_ci = [mean_interval([e.stats.tool_call_count for e in by_harness[h]]) for h in names]
+    tool_ci = [None if ci is None else (max(0.0, ci[0]), ci[1]) for ci in tool_ci]  # a count is never negative
+    labels = [f"{h}\n(n={n[h]})" for h in names]
+    pass_fig = bar_figure(
+        f"pass@1 per harness\n{on}; error bars: 95% Wilson interval",
+        labels,
+        [BarSeries("pass@1", tuple(r.pass_at_1 for r in rows), tuple(pass_ci))],
+        ylabel="pass@1 (fraction of episodes passed)",
+        xlabel="harness (episodes)",
+        ymax=1.0,
+    )
+    tool_fig = bar_figure(
+        f"Mean tool calls per episode, per harness\n{on}; error bars: 95% t interval",
+        labels,
+        [BarSeries("mean tool calls", tuple(r.mean_tool_calls for r in rows), tuple(tool_ci))],
+        ylabel="tool calls per episode",
+        xlabel="harness (episodes)",
+        value_format="{:.1f}",
+    )
+    return {"pass_at_1": pass_fig, "tool_calls": tool_fig}
+
+
 def write_outputs(out: Path, episodes: Sequence[EpisodeRecord]) -> dict[str, Path]:
-    """episodes.parquet, summary.csv, summary.md and the two bar charts under ``out``."""
+    """episodes.parquet, summary.csv, summary.md and the two bar charts (:func:`summary_figures`) under ``out``."""
+    from tasks.figures import png
+
     rows = summarize(episodes)
     files = {"episodes": out / "episodes.parquet", "csv": out / "summary.csv", "markdown": out / "summary.md"}
     write_episodes(files["episodes"], episodes)
     files["csv"].write_text(summary_csv(rows))
     files["markdown"].write_text(summary_markdown(rows))
-    per_harness = [r for r in rows if r.harness != ALL]
-    charts = {
-        "pass_at_1": ("pass@1 per harness", [(r.harness, r.pass_at_1) for r in per_harness], 1.0),
-        "tool_calls": ("mean tool calls per episode", [(r.harness, r.mean_tool_calls) for r in per_harness], None),
-    }
-    for name, (title, bars, vmax) in charts.items():
-        if bars:
-            files[name] = out / f"{name}.png"
-            files[name].write_bytes(bar_chart_png(title, bars, vmax))
+    for name, fig in summary_figures(episodes, out.name).items():
+        files[name] = out / f"{name}.png"
+        files[name].write_bytes(png(fig))
     return files
 
 

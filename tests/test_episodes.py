@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 from addon.records import TurnTokens, to_batch
 from tasks.episodes import (
@@ -27,10 +28,12 @@ from tasks.episodes import (
     rejoin,
     summarize,
     summary_csv,
+    summary_figures,
     summary_markdown,
     write_episodes,
     write_outputs,
 )
+from tasks.figures import mean_interval, wilson_interval
 from tasks.rewards import RewardConfig, Rewarder
 from tests.record_factory import make_record
 
@@ -162,7 +165,35 @@ def test_outputs_are_written_for_a_finished_run(tmp_path: Path) -> None:
     assert set(files) == {"episodes", "csv", "markdown", "pass_at_1", "tool_calls"}
     assert read_episodes(files["episodes"]) == eps
     assert files["csv"].read_text().splitlines()[1].startswith("pi,2,0.500,0.500")
-    assert all(files[k].read_bytes().startswith(b"\x89PNG") for k in ("pass_at_1", "tool_calls"))
+    for k in ("pass_at_1", "tool_calls"):
+        image = Image.open(files[k])
+        assert image.format == "PNG" and image.size[0] > 400 and image.size[1] > 200
+    assert "tool_calls" not in write_outputs(tmp_path / "empty", [])  # no episodes: no charts
+
+
+def test_summary_figures_show_the_summary_with_95_percent_intervals() -> None:
+    eps = [make_episode("pi", "t1", g, passed=g < 1, tools=t) for g, t in enumerate((2, 4, 9))]
+    eps += [make_episode("mini", "t2", passed=True, tools=5)]
+    rows = {r.harness: r for r in summarize(eps)}
+    figs = summary_figures(eps, "run-7")
+    ax = figs["pass_at_1"].axes[0]
+    title, ticks = ax.get_title(loc="left"), [t.get_text() for t in ax.get_xticklabels()]
+    assert title.startswith("pass@1 per harness") and "4 episodes on 2 tasks, run run-7" in title
+    assert "fraction" in ax.get_ylabel() and ticks == ["pi\n(n=3)", "mini\n(n=1)"]
+    assert [b.get_height() for b in ax.patches] == [rows["pi"].pass_at_1, rows["mini"].pass_at_1]
+    (errors,) = [c for c in ax.collections if len(c.get_segments()) == 2]
+    assert [tuple(seg[:, 1]) for seg in errors.get_segments()] == [
+        pytest.approx(wilson_interval(1, 3)),
+        pytest.approx(wilson_interval(1, 1)),
+    ]
+    ax = figs["tool_calls"].axes[0]
+    assert [b.get_height() for b in ax.patches] == [rows["pi"].mean_tool_calls, 5.0]
+    low, high = mean_interval([2, 4, 9])  # type: ignore[misc]
+    (errors,) = [c for c in ax.collections if len(c.get_segments()) == 2]
+    assert tuple(errors.get_segments()[0][:, 1]) == (pytest.approx(max(0.0, low)), pytest.approx(high))
+    assert tuple(errors.get_segments()[1][:, 1]) == (5.0, 5.0)  # one episode: no interval, a zero-length bar
+    assert ax.get_ylabel() == "tool calls per episode"
+    assert summary_figures([]) == {}
 
 
 def test_progress_line_shows_done_pass_rate_and_eta() -> None:

@@ -12,7 +12,8 @@ Contract
   pairs solved (at least one passing episode) both before and after, the mean tool calls of their passing
   episodes before and after and the relative change. Collector errors count as failures with their tool calls.
 * :func:`write_comparison` writes ``comparison.md`` (the table), ``comparison.json`` and two PNG bar charts
-  (``pass_at_1.png``, ``tool_calls.png``: before/after bars per harness) into a folder.
+  (``pass_at_1.png``, ``tool_calls.png``: before/after bars per harness with 95% intervals, Wilson for pass@1 and
+  Student's t for the mean; :func:`comparison_figures`) into a folder.
 * :func:`evaluate` (the ``run`` command): serves the base model (``engine_url``, or an engine it starts) and the
   checkpoint (an engine of its own started with ``trainer.engine serve --port 0``, or ``serve="reload"``: the
   weights reloaded into ``engine_url`` and the base weights reloaded at the end), runs ``tasks.collect`` as a
@@ -44,8 +45,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from tasks.barchart import bar_chart_png
+from matplotlib.figure import Figure
+
 from tasks.episodes import ALL, EpisodeRecord, read_episodes
+from tasks.figures import BarSeries, Interval, bar_figure, mean_interval, png, wilson_interval
 from tasks.taskset import TaskSet, builtin_taskset, load_taskset
 
 Split = Literal["heldout", "train", "all"]
@@ -205,15 +208,67 @@ def comparison_json(rows: Sequence[HarnessComparison], labels: tuple[str, str]) 
     }
 
 
-def _bars(rows: Sequence[HarnessComparison], pick: str) -> list[tuple[str, float]]:
-    bars = []
-    for r in rows:
-        if r.harness == ALL:
-            continue
-        for side, name in ((r.before, "before"), (r.after, "after")):
-            value = getattr(side, pick)
-            bars.append((f"{r.harness} {name}", 0.0 if value is None else value))
-    return bars
+def _short(text: str, chars: int = 60) -> str:
+    """``text`` cut to ``chars``: a path in it keeps its last two parts, and then the end is kept."""
+    if len(text) <= chars:
+        return text
+    words = [("…/" + "/".join(Path(w).parts[-2:])) if w.count("/") > 2 else w for w in text.split(" ")]
+    short = " ".join(words)
+    return short if len(short) <= chars else "…" + short[-(chars - 1) :]
+
+
+def comparison_figures(
+    rows: Sequence[HarnessComparison],
+    before: Sequence[EpisodeRecord],
+    after: Sequence[EpisodeRecord],
+    labels: tuple[str, str] = ("before", "after"),
+    tasks: str = "",
+) -> dict[str, Figure]:
+    """``pass_at_1`` and ``tool_calls``: a before and an after bar per harness (the rows' values), with the 95%
+    interval of each from its episodes; a harness absent on one side has no bar there (``n/a``)."""
+    harnesses = [r.harness for r in rows if r.harness != ALL]
+    sides = [(before, labels[0], "before", 0), (after, labels[1], "after", 1)]
+    on = f"{_short(tasks, 100)}; " if tasks else ""
+
+    def series(pick: str, interval: Any) -> list[BarSeries]:
+        out = []
+        for eps, label, name, i in sides:
+            values = [getattr(r.before if i == 0 else r.after, pick) for r in rows if r.harness != ALL]
+            cis: list[Interval | None] = [interval([e for e in eps if e.harness == h]) for h in harnesses]
+            out.append(
+                BarSeries(
+                    f"{name}: {_short(label)}",
+                    tuple(math.nan if v is None else v for v in values),
+                    tuple(cis),
+                )
+            )
+        return out
+
+    def pass_ci(eps: Sequence[EpisodeRecord]) -> Interval | None:
+        return wilson_interval(sum(e.verifier_passed for e in eps), len(eps))
+
+    def tool_ci(eps: Sequence[EpisodeRecord]) -> Interval | None:
+        ci = mean_interval([e.stats.tool_call_count for e in eps])
+        return None if ci is None else (max(0.0, ci[0]), ci[1])  # a count is never negative
+
+    return {
+        "pass_at_1": bar_figure(
+            f"pass@1 before vs after training, per harness\n{on}error bars: 95% Wilson interval",
+            harnesses,
+            series("pass_at_1", pass_ci),
+            ylabel="pass@1 (fraction of episodes passed)",
+            xlabel="harness",
+            ymax=1.0,
+        ),
+        "tool_calls": bar_figure(
+            f"Mean tool calls per episode before vs after training, per harness\n{on}error bars: 95% t interval",
+            harnesses,
+            series("tool_calls", tool_ci),
+            ylabel="tool calls per episode",
+            xlabel="harness",
+            value_format="{:.1f}",
+        ),
+    }
 
 
 def write_comparison(
@@ -230,8 +285,8 @@ def write_comparison(
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(rows, labels, tasks))
     (out / "comparison.json").write_text(json.dumps(comparison_json(rows, labels), indent=2) + "\n")
-    (out / "pass_at_1.png").write_bytes(bar_chart_png("pass@1 before/after", _bars(rows, "pass_at_1"), 1.0))
-    (out / "tool_calls.png").write_bytes(bar_chart_png("mean tool calls before/after", _bars(rows, "tool_calls")))
+    for name, fig in comparison_figures(rows, before, after, labels, tasks).items():
+        (out / f"{name}.png").write_bytes(png(fig))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""A training run's report: PNG plots of every metric and one self-contained HTML page.
+"""A training run's report: PNG plots of every metric (matplotlib, :mod:`tasks.figures`) and one self-contained HTML
+page.
 
 Contract
 --------
@@ -9,7 +10,11 @@ Contract
   counted; rows without a ``phase`` are skipped the same way. An absent or empty log is an error.
 * :func:`charts`: every numeric key of every phase is plotted (no list of known keys). Keys ``name`` and
   ``name/<part>`` (e.g. ``pass_at_1`` and ``pass_at_1/pi``) share one chart, one line each. The x axis is ``step``
-  where every row of the phase has one and they never decrease, else ``iteration``, else the row's position.
+  where every row of the phase has one and they never decrease, else ``iteration``, else the row's position. A
+  ``<base>_mean`` line whose row also has ``<base>_std`` (same ``/<part>``) gets a shaded band of mean ± 1 std
+  (e.g. ``reward_mean`` ± ``reward_std`` per iteration); ``<base>_std`` is still plotted on its own too.
+* :func:`figure`: one chart as a figure: the title names the metric, the phase and the run, the y label the metric
+  and its unit where the name says it (:func:`metric_label`).
 * :func:`write_report` writes ``<phase>-<name>.png`` per chart and ``index.html`` (charts embedded as data URIs,
   a table of the last value of each key per phase, the eval comparison and its charts, ``state.json`` and the
   config) into ``RUN/report`` (or ``out``), and returns the page's path.
@@ -34,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from trainer.plots import Series, line_chart_png
+from matplotlib.figure import Figure
+
+from tasks.figures import Series, line_figure, png
 
 RESERVED: Final = frozenset({"iteration", "phase", "step"})
 EVAL_FILES: Final = ("comparison.md", "pass_at_1.png", "tool_calls.png")
@@ -107,14 +114,61 @@ def charts(rows: Sequence[dict[str, Any]]) -> list[Chart]:
     for phase, prows in by_phase.items():
         x_label, xs = _x_axis(prows)
         families: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+        bands: dict[str, dict[str, list[tuple[float, float, float]]]] = defaultdict(lambda: defaultdict(list))
         for x, row in zip(xs, prows, strict=True):
             for key, value in row.items():
                 if key not in RESERVED and _numeric(value):
                     name, _, part = key.partition("/")
                     families[name][part or "all"].append((x, float(value)))
+                    std = row.get(key.replace("_mean", "_std", 1)) if name.endswith("_mean") else None
+                    if _numeric(std):
+                        bands[name][part or "all"].append((x, value - std, value + std))
         for name, lines in families.items():
-            out.append(Chart(phase, name, x_label, tuple(Series(k, tuple(v)) for k, v in lines.items())))
+            series = tuple(
+                Series(
+                    k, tuple(v), tuple(bands[name][k]), f"{k} ± 1 {name[: -len('_mean')]}_std" if bands[name][k] else ""
+                )
+                for k, v in lines.items()
+            )
+            out.append(Chart(phase, name, x_label, series))
     return out
+
+
+X_AXES: Final = {"step": "optimizer step", "iteration": "iteration", "row": "row of metrics.jsonl"}
+UNITS: Final = {
+    "pass_at_1": "fraction of episodes passed",
+    "tool_calls_mean": "tool calls per episode",
+    "reward_mean": "reward per episode",
+    "reward_std": "reward per episode",
+    "kl": "nats",
+    "clip_ratio": "fraction of tokens",
+    "episodes": "episodes",
+    "samples": "sequences",
+    "trained_tokens": "tokens",
+    "tokens_per_s": "tokens/s",
+    "seconds": "s",
+}
+
+
+def metric_label(name: str) -> str:
+    """The y axis label of a metric: its name and, where known from the name, its unit."""
+    unit = UNITS.get(name)
+    if unit is None and (name.endswith("_s") or "seconds" in name):
+        unit = "s"
+    elif unit is None and name.endswith("_ms"):
+        unit = "ms"
+    return f"{name} ({unit})" if unit else name
+
+
+def figure(chart: Chart, run: str = "") -> Figure:
+    """The chart drawn (see the module docstring)."""
+    on = f", run {run}" if run else ""
+    return line_figure(
+        f"{chart.name} per {X_AXES.get(chart.x_label, chart.x_label)} ({chart.phase} phase{on})",
+        chart.series,
+        xlabel=X_AXES.get(chart.x_label, chart.x_label),
+        ylabel=metric_label(chart.name),
+    )
 
 
 def last_values(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -130,14 +184,15 @@ def last_values(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ HTML
 
 STYLE: Final = (
-    "body{font-family:sans-serif;margin:24px;color:#222}img{border:1px solid #ddd;margin:4px}"
+    "body{font-family:sans-serif;margin:24px;color:#222}"
+    "img{border:1px solid #ddd;margin:4px;width:640px;max-width:100%}"
     "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
     "th{background:#f3f3f3}pre{background:#f7f7f7;padding:8px;overflow:auto}"
 )
 
 
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+def _img(data: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
 def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -185,7 +240,7 @@ def render_html(run: Path, metrics: Metrics, pngs: Sequence[tuple[Chart, bytes]]
     parts.append("<h2>Plots</h2>")
     for phase in dict.fromkeys(c.phase for c, _ in pngs):
         parts.append(f"<h3>{html.escape(phase)}</h3><div>")
-        parts += [_img(png, f"{c.phase} {c.name} vs {c.x_label}") for c, png in pngs if c.phase == phase]
+        parts += [_img(data, f"{c.phase} {c.name} vs {c.x_label}") for c, data in pngs if c.phase == phase]
         parts.append("</div>")
     eval_dir = run / "eval"
     if (eval_dir / "comparison.md").is_file():
@@ -205,9 +260,9 @@ def write_report(run: Path, out: Path | None = None) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     pngs = []
     for chart in charts(metrics.rows):
-        png = line_chart_png(f"{chart.phase} {chart.name} vs {chart.x_label}", chart.series)
-        (dest / chart.file_name).write_bytes(png)
-        pngs.append((chart, png))
+        data = png(figure(chart, run.name))
+        (dest / chart.file_name).write_bytes(data)
+        pngs.append((chart, data))
     page = dest / "index.html"
     page.write_text(render_html(run, metrics, pngs))
     return page

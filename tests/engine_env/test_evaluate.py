@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
-import zlib
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from addon.engine_client import EngineClient, GenerationRequest, GenerationResult
 from tasks.episodes import ALL, CallStats, EpisodeRecord, write_episodes
+from tasks.figures import mean_interval, wilson_interval
 from tasks.taskset import builtin_taskset, load_taskset
 from trainer import evaluate as ev
 
@@ -89,12 +90,11 @@ def test_task_folder_loads_as_the_split(tmp_path: Path) -> None:
     assert [t.id for t in load_taskset(folder)] == [t.id for t in held]
 
 
-def _png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
-    assert len(zlib.decompress(idat)) == height * (1 + 3 * width)
-    return width, height
+def _png_size(path: Path) -> tuple[int, int]:
+    image = Image.open(path)
+    assert image.format == "PNG"
+    image.load()  # decodes every row
+    return image.size
 
 
 def test_compare_command_writes_table_json_and_charts(tmp_path: Path) -> None:
@@ -110,8 +110,35 @@ def test_compare_command_writes_table_json_and_charts(tmp_path: Path) -> None:
     data = json.loads((out / "comparison.json").read_text())
     assert data["rows"][0]["tool_call_change"] == pytest.approx(-0.4)
     for name in ("pass_at_1.png", "tool_calls.png"):
-        width, height = _png_size((out / name).read_bytes())
-        assert width > 100 and height > 100
+        width, height = _png_size(out / name)
+        assert width > 400 and height > 200
+
+
+def test_comparison_figures_show_before_and_after_with_intervals() -> None:
+    after = [*AFTER, ep("a", "codex", True, 3)]  # a harness only after: no before bar
+    rows = ev.compare(BEFORE, after)
+    labels = ("base default", "checkpoint /a/b/c/checkpoints/it-3")
+    figs = ev.comparison_figures(rows, BEFORE, after, labels, "smoke")
+    ax = figs["pass_at_1"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["pi", "mini-swe-agent", "codex"]
+    heights = [b.get_height() for b in ax.patches]
+    assert heights == [0.5, 0.0, 0.0, 0.75, 0.0, 1.0]  # before pi, mini, codex; after pi, mini, codex
+    assert [t.get_text() for t in ax.texts] == ["0.50", "0.00", "n/a", "0.75", "0.00", "1.00"]
+    legend = [t.get_text() for t in figs["pass_at_1"].legends[0].get_texts()]
+    assert legend == ["before: base default", "after: checkpoint /a/b/c/checkpoints/it-3"]
+    assert ev._short("checkpoint /work/main/runs/train/2026-12-02T12-00/checkpoints/iteration-0003") == (
+        "checkpoint …/checkpoints/iteration-0003"
+    )
+    assert "smoke" in ax.get_title(loc="left") and "Wilson" in ax.get_title(loc="left")
+    assert ax.get_ylabel() == "pass@1 (fraction of episodes passed)" and ax.get_xlabel() == "harness"
+    ends = sorted(tuple(seg[:, 1]) for c in ax.collections for seg in c.get_segments())
+    assert pytest.approx(wilson_interval(2, 4)) in ends and pytest.approx(wilson_interval(3, 4)) in ends
+    ax = figs["tool_calls"].axes[0]
+    assert [b.get_height() for b in ax.patches][:2] == [5.5, 5.0]
+    low, high = mean_interval([10, 2, 6, 4])  # type: ignore[misc]
+    ends = [tuple(seg[:, 1]) for c in ax.collections for seg in c.get_segments()]
+    assert (pytest.approx(max(0.0, low)), pytest.approx(high)) in ends
+    assert not any(math.isnan(v) for e in ends for v in e)
 
 
 def test_eval_metrics_row() -> None:
