@@ -38,6 +38,9 @@ PROXY_VENV  := $(VENV_DIR)/proxy
 ENGINE_VENV := $(VENV_DIR)/engine
 PROXY_PY    := $(PROXY_VENV)/bin/python
 ENGINE_PY   := $(ENGINE_VENV)/bin/python
+# The `harnessrl` console script of each env (setup.cfg entry point, tasks/cli.py): `$(PROXY_CLI) --help`.
+PROXY_CLI   := $(PROXY_VENV)/bin/harnessrl
+ENGINE_CLI  := $(ENGINE_VENV)/bin/harnessrl
 PROXY_STAMP := $(PROXY_VENV)/.harnessrl-stamp
 ENGINE_STAMP:= $(ENGINE_VENV)/.harnessrl-stamp-$(DEVICE)
 
@@ -94,21 +97,23 @@ clean-envs:
 # ------------------------------------------------------------------------------------------------ engine
 
 model: engine-env
-	@$(ENGINE_PY) -m trainer.model prepare --model '$(MODEL)' --cache-dir '$(CACHE_DIR)'
+	@$(ENGINE_CLI) model --model '$(MODEL)' --cache-dir '$(CACHE_DIR)'
 
 serve: engine-env
-	@$(ENGINE_PY) -m trainer.engine serve --model '$(MODEL)' --port $(ENGINE_PORT) \
+	@$(ENGINE_CLI) serve --model '$(MODEL)' --port $(ENGINE_PORT) \
 	  --cache-dir '$(CACHE_DIR)' --run-dir '$(RUN_DIR)/engine'
 
 stop:
-	@if [ -x $(ENGINE_PY) ]; then $(ENGINE_PY) -m trainer.engine stop --run-dir '$(RUN_DIR)/engine'; fi
+	@if [ -x $(ENGINE_CLI) ]; then $(ENGINE_CLI) stop --run-dir '$(RUN_DIR)/engine'
+	elif [ -x $(ENGINE_PY) ]; then $(ENGINE_PY) -m trainer.engine stop --run-dir '$(RUN_DIR)/engine'; fi
 
 proxy: proxy-env
 	@url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
-	$(PROXY_PY) -m addon.launch --engine-url "$$url" --port $(PROXY_PORT) --workdir '$(RUN_DIR)/proxy'
+	$(PROXY_CLI) proxy --engine-url "$$url" --port $(PROXY_PORT) --workdir '$(RUN_DIR)/proxy'
 
 status:
-	@$(ENGINE_PY) -m trainer.engine status --run-dir '$(RUN_DIR)/engine'
+	@if [ -x $(ENGINE_CLI) ]; then $(ENGINE_CLI) status --run-dir '$(RUN_DIR)/engine'
+	else $(ENGINE_PY) -m trainer.engine status --run-dir '$(RUN_DIR)/engine'; fi
 
 # ------------------------------------------------------------------------------------------------ collection
 
@@ -121,10 +126,10 @@ collect: proxy-env engine-env model
 # make train [TASKS=..] [HARNESSES=..] [GROUP_SIZE=G] [ITERATIONS=N] [MAX_TASKS=n] [RUN_ID=id] [TRAIN_ARGS=".."]:
 #   RL (collect -> train -> sync) with TRL's GRPOConfig; defaults here: TASKS=warmup, HARNESSES=mini-swe-agent,
 #   G=4, 2 iterations over all 6 warmup tasks. The same RUN_ID resumes after its last completed iteration. Options:
-#   python -m trainer.train --help; docs/training.md.
+#   harnessrl train --help; docs/training.md.
 .PHONY: train
 train: proxy-env engine-env model
-	@$(ENGINE_PY) -m trainer.train \
+	@$(ENGINE_CLI) train \
 	  --tasks '$(if $(filter file,$(origin TASKS)),warmup,$(TASKS))' \
 	  --harnesses '$(if $(filter file,$(origin HARNESSES)),mini-swe-agent,$(HARNESSES))' \
 	  --group-size '$(if $(filter file,$(origin GROUP_SIZE)),4,$(GROUP_SIZE))' \
@@ -151,21 +156,21 @@ EVAL_ARGS   ?=
 
 sft: engine-env model
 	@[ -n '$(RUNS)' ] || { echo "make sft: set RUNS to one or more collect run dirs" >&2; exit 2; }
-	$(ENGINE_PY) -m trainer.sft --runs $(RUNS) --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' \
+	$(ENGINE_CLI) sft --runs $(RUNS) --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' \
 	  $(if $(MIN_REWARD),--min-reward '$(MIN_REWARD)') $(SFT_ARGS)
 
 eval: proxy-env engine-env model
 	@if [ -n '$(BEFORE)$(AFTER)' ]; then
-	  $(ENGINE_PY) -m trainer.evaluate compare --before '$(BEFORE)' --after '$(AFTER)' --out '$(or $(OUT),$(AFTER)/../eval)'
+	  $(ENGINE_CLI) eval compare --before '$(BEFORE)' --after '$(AFTER)' --out '$(or $(OUT),$(AFTER)/../eval)'
 	else
-	  $(ENGINE_PY) -m trainer.evaluate run $(if $(RUN),--run '$(RUN)') $(if $(CHECKPOINT),--checkpoint '$(CHECKPOINT)') \
+	  $(ENGINE_CLI) eval run $(if $(RUN),--run '$(RUN)') $(if $(CHECKPOINT),--checkpoint '$(CHECKPOINT)') \
 	    $(if $(OUT),--out '$(OUT)') --base '$(MODEL)' --cache-dir '$(CACHE_DIR)' --tasks '$(EVAL_TASKS)' \
 	    --harnesses '$(HARNESSES)' --engine-url '$(ENGINE_URL)' $(EVAL_ARGS)
 	fi
 
 report: engine-env
 	@[ -n '$(RUN)' ] || { echo "make report: set RUN to a run dir (runs/train/<id>)" >&2; exit 2; }
-	$(ENGINE_PY) -m trainer.report '$(RUN)'
+	$(ENGINE_CLI) report '$(RUN)'
 
 # ------------------------------------------------------------------------------------------------ tests
 
@@ -238,7 +243,7 @@ bench: proxy-env engine-env
 	$(PROXY_PY) benchmarks/soak.py --model-dir "$$md" --sessions 384 --seconds $(SOAK_SECONDS)
 
 check-tasks: proxy-env
-	@$(PROXY_PY) -m tasks.oracle --jobs 2
+	@$(PROXY_CLI) check-tasks --jobs 2
 
 lint: proxy-env
 	$(PROXY_VENV)/bin/ruff check .
