@@ -15,7 +15,7 @@
 #   make lint      ruff + mypy
 #
 # Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, CACHE_DIR, RUN_DIR,
-# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset), TASKS, HARNESSES,
+# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset), TASKS, HARNESSES (or all),
 # GROUP_SIZE (make collect).
 
 SHELL := /bin/bash

@@ -52,6 +52,13 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_max_seconds", int, 0, "Per-session cap on wall time in whole seconds (0: none)."),
     ("harnessrl_temperature", str, "", "Force this sampling temperature; empty: the request's, else 1.0."),
     ("harnessrl_default_max_tokens", int, 1024, "max_tokens when the request gives none (clamped to the context)."),
+    (
+        "harnessrl_max_tokens_cap",
+        int,
+        0,
+        "Sample at most this many tokens per call, whatever the request asks (0: no cap); the record's "
+        "sampling_applied says so. For CPU engines, where decoding at a long context is slow.",
+    ),
     ("harnessrl_neutral_sampling", bool, True, "Force top_p/top_k/min_p/penalties neutral (unbiased logprobs)."),
     ("harnessrl_seed", int, -1, "Base seed; a call with none uses hash(seed, session, call index) (-1: unseeded)."),
     ("harnessrl_max_body", int, 16 * 1024 * 1024, "Largest request body accepted, in bytes (else a 413)."),
@@ -116,6 +123,8 @@ class CaptureConfig:
                 raise ValueError(f"harnessrl_temperature must be a number, got {o.harnessrl_temperature!r}") from e
             if temperature < 0:
                 raise ValueError("harnessrl_temperature must be >= 0")
+        if o.harnessrl_max_tokens_cap < 0:
+            raise ValueError(f"harnessrl_max_tokens_cap must be >= 0 (0: no cap), got {o.harnessrl_max_tokens_cap}")
         if o.harnessrl_engine_wait_s < 0:
             raise ValueError(f"harnessrl_engine_wait_s must be >= 0 seconds, got {o.harnessrl_engine_wait_s}")
         if o.harnessrl_startup_wait_s < 0:
@@ -140,6 +149,7 @@ class CaptureConfig:
                 default_max_tokens=o.harnessrl_default_max_tokens,
                 neutral=o.harnessrl_neutral_sampling,
                 seed=o.harnessrl_seed if o.harnessrl_seed >= 0 else None,
+                max_tokens_cap=o.harnessrl_max_tokens_cap or None,
             ),
             max_body=o.harnessrl_max_body,
             server_port=o.harnessrl_server_port,

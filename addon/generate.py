@@ -79,6 +79,7 @@ class SamplingPolicy:
     default_max_tokens: int = 1024
     neutral: bool = True  # force top_p/top_k/min_p/penalties neutral
     seed: int | None = None  # base of the per-call seeds of calls whose request gives none (reproducible collection)
+    max_tokens_cap: int | None = None  # no call samples more (whatever it asks); recorded as applied
 
     def call_seed(self, session_id: str, call_index: int) -> int | None:
         """The seed of one call: derived from the base seed, the session and the call index, so that a rerun samples
@@ -96,7 +97,7 @@ class SamplingPolicy:
         temperature = self.temperature if self.temperature is not None else s.temperature
         applied: dict[str, Any] = {
             "temperature": 1.0 if temperature is None else temperature,
-            "max_tokens": max(1, min(s.max_tokens or self.default_max_tokens, room)),
+            "max_tokens": max(1, min(s.max_tokens or self.default_max_tokens, room, self.max_tokens_cap or room)),
             # Stop strings are not applied: vLLM would cut the text but not say which sampled ids made the match,
             # and the record must hold exactly what was sampled. The requested ones stay in sampling_requested.
             "stop": [],

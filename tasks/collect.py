@@ -79,8 +79,10 @@ from tasks.workspace import VerifierResult, prepare_workspace, run_verifier
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_PYTHON = ROOT / ".venvs" / "engine" / "bin" / "python"
-# Their first prompts fit the default model's 8192-token context (docs/tasks.md, "Collection").
+# The two cheapest on a CPU engine: the smallest first prompts (~1-2k tokens; the others' are 7-19k, which fit the
+# engine's 32k context but cost minutes of cold prefill each). ``all`` selects every registered harness.
 DEFAULT_HARNESSES = ("pi", "mini-swe-agent")
+ALL_HARNESSES = "all"
 TAIL_CHARS = 2000
 
 
@@ -97,12 +99,14 @@ class CollectConfig:
     tasks: str = "smoke"
     """A task folder, a folder of tasks, or a built-in subset name (``smoke``, ``easy``, a tag, ``all``)."""
     harnesses: tuple[str, ...] = DEFAULT_HARNESSES
+    """Harness names; ``("all",)`` expands to every registered harness (``HARNESSES``), in registry order."""
     group_size: int = 2
     """Rollouts per (task, harness) group."""
     concurrency: int = 2
     """Rollouts running at once (2 suits a CPU engine)."""
     timeout_s: float | None = None
-    """Per-rollout harness limit; None: the harness's own limit, capped by the task's agent timeout."""
+    """Per-rollout harness limit; None: the task's agent timeout, raised to the harness's own limit when that is
+    longer (see :func:`rollout_timeout`)."""
     max_tasks: int = 0
     """Use only the first N tasks of the selection (0: all)."""
     run_id: str = field(default_factory=_new_run_id)
@@ -131,7 +135,11 @@ class CollectConfig:
         if not self.tasks:
             raise CollectConfigError("tasks is empty: give a task folder or a built-in subset such as 'smoke'")
         if not self.harnesses:
-            raise CollectConfigError(f"no harness selected; known: {', '.join(HARNESSES)}")
+            raise CollectConfigError(f"no harness selected; known: {', '.join(HARNESSES)} (or {ALL_HARNESSES})")
+        if ALL_HARNESSES in self.harnesses:
+            if len(self.harnesses) > 1:
+                raise CollectConfigError(f"'{ALL_HARNESSES}' already names every harness; list it alone")
+            object.__setattr__(self, "harnesses", tuple(HARNESSES))
         unknown = [h for h in self.harnesses if h not in HARNESSES]
         if unknown:
             raise CollectConfigError(f"unknown harness(es) {', '.join(unknown)}; known: {', '.join(HARNESSES)}")
@@ -200,12 +208,14 @@ def load_tasks(spec: str, max_tasks: int = 0) -> TaskSet:
 
 
 def plan(config: CollectConfig, tasks: TaskSet) -> list[Rollout]:
-    """Sample-major order (every group gets its first sample early); shuffled when a seed is given."""
+    """Sample-major order (every group gets its first sample early), and within a sample one harness's tasks one
+    after another, so that the engine's prefix cache still holds that harness's system prompt and tools (7-19k
+    tokens) when its next rollout starts; shuffled when a seed is given."""
     rollouts = [
         Rollout(task, HARNESSES[h], g, f"{config.run_id}-{task.id}-{h}-{g}")
         for g in range(config.group_size)
-        for task in tasks
         for h in config.harnesses
+        for task in tasks
     ]
     if config.seed is not None:
         random.Random(config.seed).shuffle(rollouts)
@@ -284,12 +294,22 @@ def _tail(text: str) -> str:
     return text[-TAIL_CHARS:]
 
 
+def rollout_timeout(r: Rollout, config: CollectConfig) -> float:
+    """``--timeout`` if given, else the larger of the task's agent timeout and the harness's own limit.
+
+    The harness's limit is a floor because it covers the cold prefill of that harness's first prompt on the CPU
+    engine (minutes for the 13-19k-token ones), a cost of where the model runs, not of the task; a task's timeout
+    (120 s for the smoke tasks) assumes a vendor-speed model.
+    """
+    return config.timeout_s or max(r.spec.timeout_s, r.task.agent_timeout_s)
+
+
 def run_rollout(
     r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder, scratch: Path
 ) -> EpisodeRecord:
     """Workspace, harness, verifier, call stats, reward (see the module docstring)."""
     started, t0 = datetime.now(UTC), time.monotonic()
-    timeout = config.timeout_s or min(r.spec.timeout_s, r.task.agent_timeout_s)
+    timeout = rollout_timeout(r, config)
     workspace = prepare_workspace(r.task, scratch / "workspace").path
     url, harness_scratch = proxy.url(r.session_id), scratch / "harness"
     run = run_harness(
@@ -438,7 +458,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tasks.collect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", default=env.get("TASKS") or "smoke", help="task folder or built-in subset ($TASKS)")
     ap.add_argument("--harnesses", default=env.get("HARNESSES") or ",".join(DEFAULT_HARNESSES),
-                    help=f"comma-separated, from: {', '.join(HARNESSES)} ($HARNESSES)")  # fmt: skip
+                    help=f"comma-separated, from: {', '.join(HARNESSES)}; or {ALL_HARNESSES} ($HARNESSES)")  # fmt: skip
     ap.add_argument("--group-size", "-G", type=int, default=int(env.get("GROUP_SIZE") or 2), help="($GROUP_SIZE)")
     ap.add_argument("--concurrency", type=int, default=int(env.get("CONCURRENCY") or 2), help="($CONCURRENCY)")
     ap.add_argument("--max-tasks", type=int, default=int(env.get("MAX_TASKS") or 0), help="0: all ($MAX_TASKS)")

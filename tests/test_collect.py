@@ -32,6 +32,7 @@ from tasks.collect import (
     load_tasks,
     main,
     plan,
+    rollout_timeout,
 )
 from tasks.episodes import CallStats, read_episodes
 from tasks.harnesses import HARNESSES, HarnessRun
@@ -56,12 +57,20 @@ def test_defaults_are_the_harnesses_that_fit_the_context_and_a_run_dir_per_run()
     assert CollectConfig(engine_url=ENGINE).run_id != CollectConfig(engine_url=ENGINE).run_id
 
 
+def test_all_expands_to_every_registered_harness() -> None:
+    assert config(harnesses=("all",)).harnesses == tuple(HARNESSES)
+    assert len(HARNESSES) == 10
+    parsed = config_from_args(build_parser({"HARNESSES": "all"}).parse_args(["--engine-url", ENGINE]))
+    assert parsed.harnesses == tuple(HARNESSES)
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"harnesses": ("pi", "nope")}, "unknown harness.*nope.*known: claude-code"),
         ({"harnesses": ()}, "no harness selected"),
         ({"harnesses": ("pi", "pi")}, "listed twice"),
+        ({"harnesses": ("all", "pi")}, "'all' already names every harness; list it alone"),
         ({"group_size": 0}, "group_size must be at least 1"),
         ({"concurrency": 0}, "concurrency must be at least 1"),
         ({"max_calls": -1}, "max_calls must be >= 0"),
@@ -98,9 +107,18 @@ def test_plan_gives_every_rollout_its_session_and_group() -> None:
     assert first.session_id == f"r1-{first.task.id}-{first.spec.name}-0"
     assert first.group_id == f"{first.task.id}/{first.spec.name}"
     assert [r.sample_index for r in rollouts[:4]] == [0, 0, 0, 0]  # every group's first sample comes first
+    # within a sample, one harness's rollouts follow each other (its prompt prefix is still cached)
+    assert [r.spec.name for r in rollouts[:4]] == ["pi", "pi", "mini-swe-agent", "mini-swe-agent"]
     shuffled = plan(config(harnesses=("pi", "mini-swe-agent"), group_size=3, seed=7), tasks)
     assert sorted(r.session_id for r in shuffled) == sorted(sessions) and shuffled != rollouts
     assert shuffled == plan(config(harnesses=("pi", "mini-swe-agent"), group_size=3, seed=7), tasks)
+
+
+def test_a_rollouts_time_limit_is_the_task_timeout_raised_to_the_harness_limit() -> None:
+    task = load_tasks("smoke").tasks[0]  # agent timeout 120 s
+    codex = Rollout(task, HARNESSES["codex"], 0, "s")
+    assert rollout_timeout(codex, config()) == max(HARNESSES["codex"].timeout_s, task.agent_timeout_s) > 120
+    assert rollout_timeout(codex, config(timeout_s=30.0)) == 30.0
 
 
 # ------------------------------------------------------------------------------------------------ scoring

@@ -313,6 +313,22 @@ def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_cal
     assert SamplingPolicy().call_seed("rollout-0", 0) is None  # unseeded stays unseeded
 
 
+def test_the_max_tokens_cap_bounds_every_call_and_never_raises_a_smaller_request():
+    from addon.generate import SamplingPolicy
+    from converters.canonical import Message, ModelRequest, SamplingParams, TextPart
+
+    def request(max_tokens: int | None) -> ModelRequest:
+        msg = Message(role="user", parts=(TextPart("hi"),))
+        return ModelRequest("chat", "m", (msg,), sampling=SamplingParams(max_tokens=max_tokens))
+
+    capped = SamplingPolicy(default_max_tokens=1024, max_tokens_cap=64)
+    assert capped.apply(request(32000), 100, 32768)["max_tokens"] == 64
+    assert capped.apply(request(None), 100, 32768)["max_tokens"] == 64
+    assert capped.apply(request(16), 100, 32768)["max_tokens"] == 16
+    assert capped.apply(request(32000), 32740, 32768)["max_tokens"] == 28  # the context still bounds it
+    assert SamplingPolicy().apply(request(32000), 100, 32768)["max_tokens"] == 32000
+
+
 def test_build_record_with_the_shared_json_cache_stores_exactly_the_uncached_row():
     """The Generator's CanonicalJson changes the cost of a row, never its content: a session's rows built with one
     shared cache equal the rows built without it, and the blobs hold what asdict of the request/completion held."""

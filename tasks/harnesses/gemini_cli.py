@@ -4,7 +4,8 @@ It speaks the Gemini API to generativelanguage.googleapis.com and honours ``HTTP
 ``NODE_EXTRA_CA_CERTS``. ``~/.gemini/settings.json`` selects API-key auth (without it ``-p`` refuses to start) and
 turns usage statistics off. ``--yolo`` lets it run its shell and file tools unasked. An explicit ``-m`` skips the
 model router, whose classifier call wants JSON a small model does not produce (the CLI would retry it with backoff
-for about 100 s).
+for about 100 s). Its requests name no output limit, so its proxy caps answers that give none
+(``harnessrl_default_max_tokens``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class GeminiCli(HarnessSpec):
     executable = "gemini"
     wire_format = "gemini"
     ca_vars = ("NODE_EXTRA_CA_CERTS",)
-    timeout_s = 240.0
+    # its first prompt (~8-10k tokens) costs minutes of cold prefill on a 2-core CPU engine (docs/engine.md)
+    timeout_s = 420.0
+    proxy_options = ("harnessrl_default_max_tokens=256",)
     model: ClassVar[str] = "gemini-2.5-flash"
 
     def config_files(self, workdir: Path) -> Mapping[str, str]:

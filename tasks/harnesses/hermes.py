@@ -1,9 +1,12 @@
-"""hermes-agent (PyPI ``hermes-agent``) in one-shot mode with a custom OpenAI-compatible provider.
+"""hermes-agent (PyPI ``hermes-agent``) in one-shot mode with its built-in Anthropic provider.
 
-``~/.hermes/config.yaml`` points its custom provider at api.openai.com with ``api_mode: chat_completions`` (on that
-host it would pick the Responses API by itself), so it speaks streaming Chat Completions through the proxy. The SDK
-calls go through httpx (``SSL_CERT_FILE``) and its model-metadata probes through ``requests``
-(``REQUESTS_CA_BUNDLE``), so both name the CA bundle. ``-z`` runs one instruction with approvals bypassed.
+Configured as a new user with an Anthropic API key would: ``~/.hermes/config.yaml`` selects ``provider: anthropic``
+and a Claude model, and the key comes from ``ANTHROPIC_API_KEY`` (shaped like a real API key, ``sk-ant-api03-``:
+other shapes make hermes impersonate Claude Code's OAuth client). It speaks streaming Anthropic Messages to
+api.anthropic.com through ``HTTPS_PROXY``. The SDK calls go through httpx (``SSL_CERT_FILE``) and its
+model-metadata probes through ``requests`` (``REQUESTS_CA_BUNDLE``), so both name the CA bundle. ``model.max_tokens``
+caps each answer (hermes asks for 65,536 tokens, which a small CPU-served model may spend minutes filling). ``-z``
+runs one instruction with approvals bypassed.
 """
 
 from __future__ import annotations
@@ -14,29 +17,32 @@ from pathlib import Path
 
 from tasks.harnesses.base import HarnessSpec
 
-CONFIG = """\
+MAX_TOKENS = 256
+CONFIG = f"""\
 model:
-  provider: custom
-  default: gpt-4o-mini
-  base_url: https://api.openai.com/v1
-  api_key: sk-harnessrl-dummy
-  api_mode: chat_completions
+  provider: anthropic
+  default: claude-sonnet-4-5
+  max_tokens: {MAX_TOKENS}
 """
 
 
 @dataclass(frozen=True)
 class Hermes(HarnessSpec):
     name = "hermes"
-    package = "hermes-agent"
+    package = "hermes-agent[anthropic]"  # the Anthropic provider needs the SDK from this extra
     version = "0.19.0"
     installer = "pip"
     executable = "hermes"
-    wire_format = "chat"
+    wire_format = "anthropic"
     ca_vars = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-    timeout_s = 240.0
+    # its ~12k-token first prompt costs minutes of cold prefill on a 2-core CPU engine (docs/engine.md)
+    timeout_s = 480.0
 
     def config_files(self, workdir: Path) -> Mapping[str, str]:
         return {".hermes/config.yaml": CONFIG}
+
+    def env(self) -> Mapping[str, str]:
+        return {"ANTHROPIC_API_KEY": "sk-ant-api03-harnessrl-dummy"}
 
     def command(self, executable: Path, instruction: str) -> list[str]:
         return [str(executable), "-z", instruction]

@@ -34,7 +34,7 @@ class OpenCode(HarnessSpec):
     executable = "opencode"
     wire_format = "anthropic"
     ca_vars = ("NODE_EXTRA_CA_CERTS",)
-    # its ~7.6k-token prompt fits, and its prefill on a loaded 2-core CPU engine alone has taken ~170 s
+    # its ~7.6k-token prefill on a loaded 2-core CPU engine alone has taken ~170 s
     timeout_s = 420.0
     model: ClassVar[str] = "anthropic/claude-sonnet-4-5"
 

@@ -15,12 +15,15 @@ from pathlib import Path
 
 from tasks.harnesses.base import HarnessSpec
 
-# Qwen asks for up to 8,000 tokens (and 60 s later drops and retries a slow stream); a small CPU-served model would
-# spend minutes filling that, so the output is capped in both places Qwen reads a cap from.
+# Qwen asks for up to 8,000 tokens; a small CPU-served model would spend minutes filling that, so the output is
+# capped in both places Qwen reads a cap from.
 MAX_OUTPUT_TOKENS = 256
+# Qwen drops a request after 120 s and retries it, but the cold prefill of its ~19k-token first prompt alone takes
+# ~4 minutes on a 2-core CPU engine: every attempt would be abandoned and the episode's call budget spent on them.
+REQUEST_TIMEOUT_MS = 900_000
 SETTINGS = {
     "privacy": {"usageStatisticsEnabled": False},
-    "model": {"generationConfig": {"samplingParams": {"max_tokens": MAX_OUTPUT_TOKENS}}},
+    "model": {"generationConfig": {"timeout": REQUEST_TIMEOUT_MS, "samplingParams": {"max_tokens": MAX_OUTPUT_TOKENS}}},
 }
 
 
@@ -33,7 +36,8 @@ class QwenCode(HarnessSpec):
     executable = "qwen"
     wire_format = "chat"
     ca_vars = ("NODE_EXTRA_CA_CERTS",)
-    timeout_s = 240.0
+    # its ~19k-token first prompt, the largest, costs minutes of cold prefill on a 2-core CPU engine (docs/engine.md)
+    timeout_s = 600.0
 
     def config_files(self, workdir: Path) -> Mapping[str, str]:
         return {".qwen/settings.json": json.dumps(SETTINGS, indent=2)}

@@ -28,7 +28,11 @@ def cpu_config(model: str, tmp_path: Path, **kw: object) -> e.EngineConfig:
 def test_cpu_defaults_come_from_the_model_folder(model_dir: Path, tmp_path: Path) -> None:
     config = cpu_config(str(model_dir), tmp_path, port=0)
     assert config.dtype == "float32" and config.enforce_eager and config.kv_cache_bytes == e.CPU_KV_CACHE_BYTES
-    assert config.max_model_len == 8192  # SmolLM2's max_position_embeddings
+    # SmolLM2 was trained for 8192 positions; every harness's first prompt (up to ~19k tokens) needs more
+    assert config.max_model_len == e.HARNESS_CONTEXT == 32768 and config.extended_positions == 32768
+    assert config.prefix_caching and not config.chunked_prefill
+    native = cpu_config(str(model_dir), tmp_path, max_model_len=4096)
+    assert native.max_model_len == 4096 and native.extended_positions is None  # within its own positions
     assert config.log_file == tmp_path / "engine.log"
     assert config.port != 0 and not e.port_in_use(config.host, config.port)
     cuda = e.EngineConfig.for_model("org/some-model", tmp_path, device="cuda")
@@ -51,13 +55,18 @@ def test_server_command_and_env(model_dir: Path, tmp_path: Path) -> None:
         "--dtype float32",
         "--logprobs-mode processed_logprobs",
         "--generation-config vllm",
-        "--max-model-len 8192",
+        "--max-model-len 32768",
+        '--hf-overrides {"max_position_embeddings": 32768}',  # RoPE unchanged, only the position table grows
+        "--enable-prefix-caching",
         "--served-model-name policy",
         "--enforce-eager",
-        f"--kv-cache-memory-bytes {1 << 30}",
-        "--no-enable-chunked-prefill --max-num-batched-tokens 8192",  # seeded sampling crashes chunked CPU prefill
+        f"--kv-cache-memory-bytes {3 << 30}",
+        "--no-enable-chunked-prefill --max-num-batched-tokens 32768",  # seeded sampling crashes chunked CPU prefill
     ):
         assert expected in flags
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in e.server_env(config, {})  # the extended table makes it needless
+    off = cpu_config(str(model_dir), tmp_path, prefix_caching=False, max_model_len=8192)
+    assert "--no-enable-prefix-caching" in e.server_command(off) and "--hf-overrides" not in e.server_command(off)
     assert cmd[-2:] == ["--seed", "1"] and "--enable-lora" not in cmd
     env = e.server_env(config, {"PATH": "/bin"})
     assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1"}
@@ -73,6 +82,7 @@ def test_server_command_and_env(model_dir: Path, tmp_path: Path) -> None:
         ({"dtype": "fp8"}, "dtype must be one of"),
         ({"port": 70000}, "port"),
         ({"max_model_len": 4}, "max_model_len"),
+        ({"max_model_len": 32768, "extended_positions": 8192}, "extended_positions .* must be >= max_model_len"),
         ({"startup_timeout": 0}, "startup_timeout"),
     ],
 )

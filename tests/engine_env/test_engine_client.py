@@ -31,7 +31,7 @@ from addon.engine_client import (
     Regex,
     accumulate,
 )
-from trainer.engine import free_port
+from trainer.engine import HARNESS_CONTEXT, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ async def test_reload_weights_changes_then_restores_the_distribution(
 async def test_errors_are_typed(client: EngineClient, tokenizer: Any) -> None:
     models = await client.models()
     max_len = models[0].max_model_len
-    assert max_len == 8192
+    assert max_len == HARNESS_CONTEXT  # the default model served with every harness's context (trainer.engine)
     with pytest.raises(ContextTooLong) as too_long:
         await client.generate(GenerationRequest((198,) * (max_len + 8), max_tokens=4))
     assert (too_long.value.max_context, too_long.value.prompt_tokens) == (max_len, max_len + 8)
