@@ -9,13 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
-from mitmproxy.options import Options
 
-from addon.config import CaptureConfig, add_options
 from addon.runtime import Runtime
-from benchmarks.fake_engine import FakeEngine
-from tests.runtime_world import start_runtime
+from tests.runtime_world import runtime_options, start_fake_engine, start_runtime
 
 
 async def test_a_start_up_that_fails_after_the_server_started_releases_the_store_and_the_port(
@@ -25,24 +21,15 @@ async def test_a_start_up_that_fails_after_the_server_started_releases_the_store
     empty = tmp_path / "no-tokenizer"
     empty.mkdir()
     # the fake engine answers, but the proxy's tokenizer folder is empty: bind fails after the server and store opened
-    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=4, max_model_len=8192)
-    server = TestServer(engine.app())
-    await server.start_server()
-    opts = Options()
-    add_options(opts)
-    opts.update(
-        harnessrl_engine_url=f"http://127.0.0.1:{server.port}",
-        harnessrl_model_dir=str(empty),
-        harnessrl_records_dir=str(records),
-        harnessrl_gc_young=0,
-    )
+    _, server = await start_fake_engine(smollm2_tokenizer_dir, tokens=4)
+    assert server.port is not None
     try:
         with pytest.raises((OSError, ValueError)):
-            await Runtime.start(CaptureConfig.from_options(opts))
+            await Runtime.start(runtime_options(server.port, empty, records))
     finally:
         await server.close()
     # same record folder again: the first attempt's lock is gone, so this start works
-    engine, server, runtime = await start_runtime(smollm2_tokenizer_dir, records, tokens=4)
+    _, server, runtime = await start_runtime(smollm2_tokenizer_dir, records, tokens=4)
     try:
         assert runtime.generator is not None and runtime.port > 0
     finally:
