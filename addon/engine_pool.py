@@ -99,7 +99,7 @@ def rendezvous_order(session_id: str, urls: Sequence[str]) -> list[str]:
 @dataclass(frozen=True)
 class Routed:
     """Which engine a call went to, its weight version when the request was sent, and how long the call waited for
-    an engine that could take it (0 when the first try went through)."""
+    an engine that could take it (0 when no retry pause was needed; an immediate failover is not a wait)."""
 
     url: str
     policy_version: int | None
@@ -124,7 +124,6 @@ class PoolEngine:
         self.policy_version: int | None = None
         self.refused: str | None = None  # why a poll refused it (another model), logged once
         self.in_flight = 0  # calls streaming from it now: an engine with calls in flight is alive, however slow
-        self.last_chunk_at = 0.0  # monotonic time of the last chunk any call got from it
         self.slow_polls = 0  # polls it did not answer in time (busy, not down)
         self.slow = False  # the last poll timed out (logged once per transition)
 
@@ -208,10 +207,8 @@ class EnginePool:
                             if not started:
                                 started = True
                                 self._mark_up(engine)
-                                routed = Routed(
-                                    engine.url, engine.policy_version, time.monotonic() - t0 if tried else 0.0
-                                )
-                            engine.last_chunk_at = time.monotonic()
+                                waited = time.monotonic() - t0 if delay > WAIT_FIRST_RETRY_S else 0.0  # slept
+                                routed = Routed(engine.url, engine.policy_version, waited)
                             yield routed, chunk
                     return
                 except (EngineUnavailable, EngineConnectTimeout) as e:  # unreachable, not slow
