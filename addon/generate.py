@@ -361,6 +361,16 @@ class Generator:
         if missing:
             self.stats.missing_logprobs(missing)
             log.info("harnessrl: call %s: %d sampled tokens without a logprob", turn.info.call_id, missing)
+            if missing == len(turn.logprobs):
+                # every token NaN means NaN logits, not a rare value: the usual cause is a context served past the
+                # model's position table (VLLM_ALLOW_LONG_MAX_MODEL_LEN); the answer is noise, so say so loudly
+                log.warning(
+                    "harnessrl: call %s: the engine gave no logprob for any of its %d tokens (NaN logits); is the "
+                    "prompt (%d tokens) past the model's position table? see docs/engine.md",
+                    turn.info.call_id,
+                    missing,
+                    len(turn.prompt_ids),
+                )
         # building the row (canonical request JSON + zstd) and the fsync'd append both run off the event loop
         try:
             await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
