@@ -5,7 +5,8 @@ Contract
 Requests to the intercepted hosts (default api.anthropic.com, api.openai.com, generativelanguage.googleapis.com;
 ``*`` or reverse mode: every request) are answered locally and never leave the machine:
 
-* model calls are retargeted to the in-process :class:`~addon.server.InternalServer`, which generates from vLLM and
+* model calls are retargeted to the in-process :class:`~addon.serving.server.InternalServer`, which generates from
+  vLLM and
   streams the answer back through mitmproxy (``flow.response.stream``), recording one row per call;
 * ``count_tokens`` / ``:countTokens`` get real tokenizer counts, model listings list the served model, Codex's
   WebSocket upgrade gets 426 (it falls back to HTTPS at once), anything else gets a harmless local answer, logged;
@@ -13,7 +14,7 @@ Requests to the intercepted hosts (default api.anthropic.com, api.openai.com, ge
 
 Options (``--set name=value``) are declared in ``load`` and parsed once in ``configure``; ``harnessrl_engine_url``
 may name several engines (comma-separated replicas of one model), each session sticking to one
-(:mod:`addon.engine_pool`); the heavy start-up (tokenizer load, record-store recovery, engine query) happens in
+(:mod:`addon.engine.pool`); the heavy start-up (tokenizer load, record-store recovery, engine query) happens in
 ``running`` off the event loop. Hooks start with guard clauses and never raise: a failure becomes an error answer in
 the caller's wire format.
 
@@ -40,7 +41,6 @@ import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.proxy.mode_specs import ReverseMode
@@ -50,22 +50,13 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from addon.config import CaptureConfig, add_options  # noqa: E402
-from addon.record_store import RecordStoreError  # noqa: E402
-from addon.routes import (  # noqa: E402
-    CountTokens,
-    LocalAnswer,
-    ModelCall,
-    ModelList,
-    classify,
-    guess_format,
-    split_session_prefix,
-)
-from addon.runtime import Runtime  # noqa: E402
-from addon.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
-from addon.sessions import SESSION_HEADER, Evidence, api_key, attribute  # noqa: E402
-from converters import dialect_for  # noqa: E402
-from converters.canonical import ConversionError, WireFormat  # noqa: E402
+from addon.generation.sessions import SESSION_HEADER  # noqa: E402
+from addon.records.store import RecordStoreError  # noqa: E402
+from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
+from addon.serving.config import CaptureConfig, add_options  # noqa: E402
+from addon.serving.runtime import Runtime  # noqa: E402
+from addon.serving.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
+from converters.canonical import ConversionError  # noqa: E402
 
 log = logging.getLogger("harnessrl.capture")
 
@@ -168,72 +159,40 @@ class Capture:
     def _unavailable_answer(self, flow: http.HTTPFlow) -> http.Response:
         """A 503 with retry-after in the caller's wire format: the proxy is starting, failed to start, or stops."""
         assert self.config is not None
-        req = flow.request
-        _, path = split_session_prefix(req.path.split("?", 1)[0])
-        headers = {k.lower(): v for k, v in req.headers.items()}
-        decision = classify(req.method, path, {}, headers)
-        fmt: WireFormat
-        if isinstance(decision, ModelCall | CountTokens):
-            fmt = decision.route.format
-        elif isinstance(decision, ModelList):
-            fmt = decision.format
-        else:
-            fmt = guess_format(path, headers)
         reason = self._unavailable or (
             f"the capture proxy is still starting after {self.config.startup_wait_s:g} s (harnessrl_startup_wait_s)"
         )
-        log.warning("harnessrl: 503 for %s %s: %s", req.method, req.pretty_url, reason)
-        return _wire_error(fmt, ConversionError("unavailable", reason, retry_after=RETRY_AFTER_S))
+        log.warning("harnessrl: 503 for %s %s: %s", flow.request.method, flow.request.pretty_url, reason)
+        return _response(unavailable(_arrival(flow), reason, RETRY_AFTER_S))
 
     async def _answer(self, flow: http.HTTPFlow) -> None:
         assert self.config is not None and self.runtime is not None
         req = flow.request
-        prefix_session, path = split_session_prefix(req.path.split("?", 1)[0])
-        query = dict(parse_qsl(req.path.split("?", 1)[1])) if "?" in req.path else {}
-        headers = {k.lower(): v for k, v in req.headers.items()}
-        decision = classify(req.method, path, query, headers)
-        if isinstance(decision, ModelCall):
-            if len(req.raw_content or b"") > self.config.max_body:
-                err = ConversionError("too_large", f"request body exceeds {self.config.max_body} bytes")
-                flow.response = _wire_error(decision.route.format, err)
-                return
+        arrival = _arrival(flow)
+        verdict = admit(arrival, self.config.session_sources, self.config.max_body)
+        if isinstance(verdict, Refused):
+            flow.response = _response(verdict)
+        elif isinstance(verdict, Admitted):
             try:
-                self._retarget(flow, prefix_session, path, query)
+                self._retarget(flow, verdict)
             except ConversionError as err:  # framing the internal server must not be left to guess
                 log.warning("harnessrl: refused %s %s: %s", req.method, req.pretty_url, err.message)
-                flow.response = _wire_error(decision.route.format, err)
+                flow.response = _response(refusal(verdict.call.route.format, err))
         else:
-            if isinstance(decision, LocalAnswer):
-                log.info(
-                    "harnessrl: local answer %d for %s %s (%s)",
-                    decision.status,
-                    req.method,
-                    req.pretty_url,
-                    decision.reason,
-                )
-            reply = await self.runtime.answer_locally(decision, req.raw_content or b"", headers)
+            reply = await self.runtime.answer_locally(verdict.decision, req.raw_content or b"", arrival.headers)
             flow.response = http.Response.make(reply.status, reply.body, reply.headers)
 
-    def _retarget(self, flow: http.HTTPFlow, prefix_session: str | None, path: str, query: dict[str, str]) -> None:
-        assert self.config is not None and self.runtime is not None
+    def _retarget(self, flow: http.HTTPFlow, admitted: Admitted) -> None:
+        assert self.runtime is not None
         req = flow.request
-        auth = flow.metadata.get("proxyauth")
-        evidence = Evidence(
-            proxyauth_user=auth[0] if isinstance(auth, tuple) and auth else None,
-            prefix_session=prefix_session,
-            header_session=req.headers.get(SESSION_HEADER),
-            api_key=api_key(req.headers),
-        )
-        session, _source = attribute(self.config.session_sources, evidence)
         for name in INTERNAL_HEADERS:
             req.headers.pop(name, None)  # a client cannot spoof the proxy's own bookkeeping
         req.headers.fields = fold_field_lines(req.headers.fields)  # raises on ambiguous framing: answered locally
-        original = path + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
-        req.headers[HEADER_SESSION] = session
-        req.headers[HEADER_PATH] = original
+        req.headers[HEADER_SESSION] = admitted.session
+        req.headers[HEADER_PATH] = admitted.original
         req.headers[HEADER_CALL_ID] = uuid.uuid4().hex
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", self.runtime.port, CALL_PATH
-        flow.metadata["harnessrl"] = session
+        flow.metadata["harnessrl"] = admitted.session
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if "harnessrl" in flow.metadata and flow.response is not None:
@@ -262,7 +221,8 @@ AIOHTTP_SINGLETONS = frozenset(
     }
 )
 # A vendor SDK's or HTTP library's own agent: a harness that adds a User-Agent line of its own names itself there, so
-# the folded value lists the harness first, where harness_from_user_agent (addon/server.py) looks when no pattern of
+# the folded value lists the harness first, where harness_from_user_agent (addon/serving/server.py) looks when no
+# pattern of
 # its table matches (hermes: "claude-code/2.0.14 Anthropic/Python 0.69.0" is claude-code, not "Anthropic").
 _LIBRARY_AGENT = re.compile(
     rb"^\s*(?:anthropic/|openai/|google-genai-sdk/|python-httpx/|python-requests/|python-urllib|aiohttp/|node-fetch/"
@@ -334,9 +294,23 @@ def _combine(key: bytes, values: list[bytes]) -> bytes:
     return b", ".join(values)
 
 
-def _wire_error(format: WireFormat, err: ConversionError) -> http.Response:
-    wire = dialect_for(format).render_error(err)
-    return http.Response.make(wire.status, wire.body, dict(wire.headers))
+def _arrival(flow: http.HTTPFlow) -> Arrival:
+    """What admission needs of an intercepted request (its body is already read: mitmproxy buffers it)."""
+    req = flow.request
+    auth = flow.metadata.get("proxyauth")
+    headers = {k.lower(): v for k, v in req.headers.items() if k.lower() not in INTERNAL_HEADERS}
+    return Arrival(
+        method=req.method,
+        target=req.path,
+        headers=headers,
+        body_length=len(req.raw_content or b""),
+        proxyauth_user=auth[0] if isinstance(auth, tuple) and auth else None,
+        header_session=req.headers.get(SESSION_HEADER),
+    )
+
+
+def _response(refused: Refused) -> http.Response:
+    return http.Response.make(refused.status, refused.body, refused.headers)
 
 
 addons = [Capture()]

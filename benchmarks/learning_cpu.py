@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from addon.records import read_records, records_from_table  # noqa: E402
-from addon.sequences import build_sequences  # noqa: E402
+from addon.records.schema import read_records, records_from_table  # noqa: E402
+from addon.records.sequences import build_sequences  # noqa: E402
 from tasks.taskset import builtin_taskset  # noqa: E402
 from trainer.config import RunConfig, default_grpo_config  # noqa: E402
 from trainer.samples import Sample  # noqa: E402

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from addon import launch  # noqa: E402
-from addon.engine_client import EngineClient, GenerationRequest  # noqa: E402
-from addon.render import PromptRenderer  # noqa: E402
+from addon.engine.client import EngineClient, GenerationRequest  # noqa: E402
+from addon.generation.render import PromptRenderer  # noqa: E402
 from converters import dialect_for  # noqa: E402
 from converters.base import Route  # noqa: E402
 

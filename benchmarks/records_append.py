@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from addon.record_store import RecordStore, StoreConfig  # noqa: E402
-from addon.records import CallRecord, TurnTokens, pack_json, read_records  # noqa: E402
+from addon.records.schema import CallRecord, TurnTokens, pack_json, read_records  # noqa: E402
+from addon.records.store import RecordStore, StoreConfig  # noqa: E402
 
 
 def realistic_record(i: int, rng: random.Random) -> CallRecord:

@@ -45,10 +45,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from addon.launch import ProxyHandle  # noqa: E402
-from addon.record_store import RecordStore  # noqa: E402
-from addon.records import read_records, unpack_json  # noqa: E402
-from addon.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH  # noqa: E402
-from addon.wal import list_segments  # noqa: E402
+from addon.records.schema import read_records, unpack_json  # noqa: E402
+from addon.records.store import RecordStore  # noqa: E402
+from addon.records.wal import list_segments  # noqa: E402
+from addon.serving.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH  # noqa: E402
 from benchmarks.sessions import FORMATS, Conversation, Reply, SessionScript, WireCall, decode_reply  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------- targets

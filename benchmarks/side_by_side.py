@@ -39,8 +39,8 @@ if str(ROOT) not in sys.path:
 
 from addon import launch  # noqa: E402
 from addon.launch import ProxyHandle  # noqa: E402
-from addon.record_store import RecordStore  # noqa: E402
-from addon.records import read_records, records_from_table  # noqa: E402
+from addon.records.schema import read_records, records_from_table  # noqa: E402
+from addon.records.store import RecordStore  # noqa: E402
 from benchmarks import fake_engine, tree  # noqa: E402
 from benchmarks.replayer import BaseUrl, Direct, Internal, Proxied, ReplayLog, Target, replay, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, context_script, make_script  # noqa: E402
@@ -225,7 +225,7 @@ def durability_cost(records: Path, work: Path, rows: int = 200) -> tuple[float, 
 
 def real_engine(engine_url: str, work: Path, seed: int) -> dict[str, Any]:
     """A few small sessions (the real engine is slow and shared) through harnessrl, and straight to vLLM's chat."""
-    from addon.engine_client import EngineClient
+    from addon.engine.client import EngineClient
 
     async def served() -> tuple[str, str]:
         async with EngineClient(engine_url) as e:

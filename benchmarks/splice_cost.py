@@ -2,8 +2,8 @@
 session grows to 128k tokens of context; and the merge ratio of 20-call episodes.
 
 A synthetic coding session (a ~2k-token system prompt with six tools, then turns of assistant text + one tool call
-and a tool result of 150-1500 tokens of code-like text) is played through :func:`addon.splice.plan` /
-:func:`addon.splice.record` with the real SmolLM2 tokenizer. The model context does not matter here: only the
+and a tool result of 150-1500 tokens of code-like text) is played through :func:`addon.generation.splice.plan` /
+:func:`addon.generation.splice.record` with the real SmolLM2 tokenizer. The model context does not matter here: only the
 tokenizer's length limit is raised. For each call both costs are timed:
 
 * splice: ``plan()`` (canonical prefix match, suffix render + string checks, tokenising the suffix, building the
@@ -33,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from addon.records import CallRecord, TurnTokens, pack_json  # noqa: E402
-from addon.render import PromptRenderer  # noqa: E402
-from addon.sequences import build_sequences, merge_ratio  # noqa: E402
-from addon.splice import SessionState, SpliceRenderer, assistant_message, plan, record  # noqa: E402
+from addon.generation.render import PromptRenderer  # noqa: E402
+from addon.generation.splice import SessionState, SpliceRenderer, assistant_message, plan, record  # noqa: E402
+from addon.records.schema import CallRecord, TurnTokens, pack_json  # noqa: E402
+from addon.records.sequences import build_sequences, merge_ratio  # noqa: E402
 from converters.canonical import (  # noqa: E402
     Completion,
     Message,

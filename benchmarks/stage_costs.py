@@ -1,16 +1,16 @@
 """Where a call's proxy time goes: each in-process stage of one model call timed on real components, at several
 context sizes, in the steady state of a tool loop (each call extends the previous one).
 
-Stages, in the order the addon runs them (addon/generate.py): ``parse`` (body bytes -> canonical request, the
-format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/splice.py),
+Stages, in the order the addon runs them (addon/generation/generate.py): ``parse`` (body bytes -> canonical request, the
+format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/generation/splice.py),
 ``graph_record`` (adding the call's node), ``record_build`` (the row: token ids checked and packed, canonical
-request and completion to JSON + zstd, addon/generate.py ``build_record``), and ``append`` (Arrow batch + WAL
-frame + fsync, addon/record_store.py). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written
+request and completion to JSON + zstd, addon/generation/generate.py ``build_record``), and ``append`` (Arrow batch + WAL
+frame + fsync, addon/records/store.py). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written
 and fsynced to a WAL segment in the same folder. What is not here — mitmproxy's TLS and HTTP relay, the loopback
 hop to the internal server, event-loop scheduling — is the rest of the measured added latency
 (benchmarks/side_by_side.py).
 
-The record build is timed as the Generator runs it: one :class:`~addon.record_json.CanonicalJson` shared by the
+The record build is timed as the Generator runs it: one :class:`~addon.records.blobs.CanonicalJson` shared by the
 whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call).
 
 Usage::
@@ -44,12 +44,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("parse", "splice", "graph_record", "record_build", "append", "wal_fsync")
 MODULES = {
-    "generate": "addon.generate",
-    "record_store": "addon.record_store",
-    "records": "addon.records",
-    "wal": "addon.wal",
-    "render": "addon.render",
-    "splice": "addon.splice",
+    "generate": "addon.generation.generate",
+    "record_store": "addon.records.store",
+    "records": "addon.records.schema",
+    "wal": "addon.records.wal",
+    "render": "addon.generation.render",
+    "splice": "addon.generation.splice",
     "tree": "benchmarks.tree",
     "sessions": "benchmarks.sessions",
     "side_by_side": "benchmarks.side_by_side",
@@ -148,7 +148,7 @@ def run_tree(tree: Path, model_dir: str, contexts: list[int], calls: int) -> lis
     renderer = m.render.PromptRenderer.from_pretrained(model_dir)
     splicer = m.splice.SpliceRenderer(renderer)
     takes_cache = "canonical_json" in inspect.signature(m.generate.build_record).parameters
-    json_cache = importlib.import_module("addon.record_json").CanonicalJson() if takes_cache else None
+    json_cache = importlib.import_module("addon.records.blobs").CanonicalJson() if takes_cache else None
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         store = m.record_store.RecordStore.open(Path(tmp), "stage")

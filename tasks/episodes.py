@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from addon.records import CallRecord, read_records, records_from_table
-from addon.sequences import validate_session
+from addon.records.schema import CallRecord, read_records, records_from_table
+from addon.records.sequences import validate_session
 from tasks.rewards import EpisodeOutcome, Rewarder
 
 if TYPE_CHECKING:  # matplotlib is imported only when a chart is drawn: the trainer imports this module too

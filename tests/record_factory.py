@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from addon.records import CallRecord, TurnTokens, pack_json
+from addon.records.schema import CallRecord, TurnTokens, pack_json
 from converters.canonical import WIRE_FORMATS
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, 123456, tzinfo=UTC)

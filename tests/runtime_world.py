@@ -9,8 +9,8 @@ from typing import Any
 from aiohttp.test_utils import TestServer
 from mitmproxy.options import Options
 
-from addon.config import CaptureConfig, add_options
-from addon.runtime import Runtime
+from addon.serving.config import CaptureConfig, add_options
+from addon.serving.runtime import Runtime
 from benchmarks.fake_engine import FakeEngine
 
 

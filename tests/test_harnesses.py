@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from addon import launch
-from addon.records import read_records
+from addon.records.schema import read_records
 from tasks.harnesses import HARNESSES, HarnessRun, HarnessSpec, install, run_executable, run_harness
 from tasks.harnesses.aider import Aider
 from tasks.harnesses.base import SYSTEM_CA_BUNDLE

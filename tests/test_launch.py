@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from addon import launch
-from addon.record_store import RecordStore
+from addon.records.store import RecordStore
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ import pytest
 from google import genai
 from google.genai import types as gtypes
 
-from addon.records import read_records, records_from_table
-from addon.sequences import build_sequences
+from addon.records.schema import read_records, records_from_table
+from addon.records.sequences import build_sequences
 from tests.conftest import ENGINE_PYTHON, ROOT, free_port, start_proxy, stop_process
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,5 @@
-"""Tests for addon.parser: every fixture fed whole, at every split point, char by char and at random splits."""
+"""Tests for addon.generation.parser: every fixture fed whole, at every split point, char by char and at random
+splits."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.parser import CallKind, OutputParser, ParserSpec, parse_tool_calls, seeded_call_ids
+from addon.generation.parser import CallKind, OutputParser, ParserSpec, parse_tool_calls, seeded_call_ids
 from converters.canonical import (
     Finish,
     FinishReason,

@@ -1,7 +1,7 @@
-"""Tests for addon.record_json: the blobs' one JSON encoding, zstd packing, plain(), and the CanonicalJson cache.
+"""Tests for addon.records.blobs: the blobs' one JSON encoding, zstd packing, plain(), and the CanonicalJson cache.
 
 The oracle for ``plain`` and the cache is what the record builder did before them: ``dataclasses.asdict`` followed
-by ``_jsonable`` (copied below as it was in addon/generate.py), encoded with the blobs' JSON settings.
+by ``_jsonable`` (copied below as it was in addon/generation/generate.py), encoded with the blobs' JSON settings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.record_json import CanonicalJson, dumps_json, pack_json, pack_json_text, plain, unpack_json
+from addon.records.blobs import CanonicalJson, dumps_json, pack_json, pack_json_text, plain, unpack_json
 from converters.canonical import (
     Completion,
     IdentityHints,
@@ -263,6 +263,6 @@ def test_unpack_json_rejects_non_zstd() -> None:
 
 
 def test_records_module_still_exports_the_blob_functions() -> None:
-    from addon import records
+    from addon.records import schema as records
 
     assert records.pack_json is pack_json and records.unpack_json is unpack_json

@@ -1,4 +1,4 @@
-"""Tests for addon.record_store: durability, real crash recovery (SIGKILL, torn frames), order, threads, disk full."""
+"""Tests for addon.records.store: durability, real crash recovery (SIGKILL, torn frames), order, threads, disk full."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon import record_store, wal
-from addon.record_store import RecordStore, RecordStoreError, StoreConfig
-from addon.records import SCHEMA_VERSION, CallRecord, read_records, records_from_table
+from addon.records import store as record_store
+from addon.records import wal
+from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table
+from addon.records.store import RecordStore, RecordStoreError, StoreConfig
 from tests.record_factory import make_record, records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +144,7 @@ def test_close_session_puts_that_sessions_rows_in_shards(tmp_path: Path) -> None
 
 _CHILD = """
 import sys, time
-from addon.record_store import RecordStore, StoreConfig
+from addon.records.store import RecordStore, StoreConfig
 from tests.record_factory import make_record
 folder, count, shard_rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = RecordStore.open(folder, "run-1", StoreConfig(shard_rows=shard_rows))
@@ -421,7 +422,7 @@ def test_append_that_fills_a_shard_does_not_raise_when_the_shard_fails(
 
 _FULL_CHILD = """
 import os, resource, signal, sys
-from addon.record_store import RecordStore, RecordStoreError, StoreConfig
+from addon.records.store import RecordStore, RecordStoreError, StoreConfig
 from tests.record_factory import make_record
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
 store = RecordStore.open(sys.argv[1], "run-1", StoreConfig(shard_rows=1000))
@@ -459,7 +460,7 @@ def test_file_size_limit_in_a_child_then_recovery(tmp_path: Path) -> None:
 
 def test_record_store_module_has_no_mitmproxy_dependency() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, addon.record_store; print('mitmproxy' in sys.modules)"],
+        [sys.executable, "-c", "import sys, addon.records.store; print('mitmproxy' in sys.modules)"],
         capture_output=True,
         text=True,
         env=ENV,

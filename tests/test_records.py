@@ -1,4 +1,4 @@
-"""Tests for addon.records: typed records, the versioned schema, JSON blobs, and the readers."""
+"""Tests for addon.records.schema: typed records, the versioned schema, JSON blobs, and the readers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.records import (
+from addon.records.schema import (
     RUN_ID_KEY,
     SCHEMA,
     SCHEMA_VERSION,

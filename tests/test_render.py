@@ -1,4 +1,4 @@
-"""Tests for addon.render with the real SmolLM2 tokenizer, and with a tool-aware template written here."""
+"""Tests for addon.generation.render with the real SmolLM2 tokenizer, and with a tool-aware template written here."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from addon.parser import OutputParser, seeded_call_ids
-from addon.render import (
+from addon.generation.parser import OutputParser, seeded_call_ids
+from addon.generation.render import (
     FALLBACK_TOOL_PROMPT,
     MID_SYSTEM_MARKER,
     PromptRenderer,

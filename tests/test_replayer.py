@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from addon import launch
-from addon.record_store import RecordStore
-from addon.records import pack_json
+from addon.records.schema import pack_json
+from addon.records.store import RecordStore
 from benchmarks import fake_engine
 from benchmarks.replayer import CallLog, Direct, Internal, Proxied, ReplayLog, replay, verify
 from benchmarks.sessions import (

@@ -1,10 +1,10 @@
-"""addon/routes.py: every route a harness was seen to use is classified as the right answer kind."""
+"""addon/serving/routes.py: every route a harness was seen to use is classified as the right answer kind."""
 
 from __future__ import annotations
 
 import pytest
 
-from addon.routes import (
+from addon.serving.routes import (
     CountTokens,
     LocalAnswer,
     ModelCall,

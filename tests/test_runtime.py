@@ -1,4 +1,5 @@
-"""addon/runtime.py: a start-up that fails part-way releases what it opened (the record store's lock, the internal
+"""addon/serving/runtime.py: a start-up that fails part-way releases what it opened (the record store's lock, the
+internal
 server's port), so a proxy that cannot start exits cleanly and a retry in the same folder works.
 
 The engine is the FAKE of benchmarks/fake_engine.py (in-process); the record store, tokenizer loading and server are
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from addon.runtime import Runtime
+from addon.serving.runtime import Runtime
 from tests.runtime_world import runtime_options, start_fake_engine, start_runtime
 
 

@@ -1,4 +1,4 @@
-"""addon/sequences.py: training sequences from one session's call records, and the session report."""
+"""addon/records/sequences.py: training sequences from one session's call records, and the session report."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from addon.records import CallRecord, TurnTokens
-from addon.render import PromptRenderer
-from addon.sequences import build_sequences, lineage, mask_reason, merge_ratio, validate_session
-from addon.splice import SessionState, SpliceRenderer, assistant_message, plan, record
+from addon.generation.render import PromptRenderer
+from addon.generation.splice import SessionState, SpliceRenderer, assistant_message, plan, record
+from addon.records.schema import CallRecord, TurnTokens
+from addon.records.sequences import build_sequences, lineage, mask_reason, merge_ratio, validate_session
 from converters.canonical import Completion, Message, ModelRequest, TextPart, ToolCall, ToolResultPart
 from tests.record_factory import make_record
 
@@ -129,7 +129,7 @@ def test_a_missing_logprob_masks_that_token_only_and_is_counted() -> None:
     ep.call("c1", parent="c0")
     t = ep.records[1].tokens
     nan = float("nan")
-    # what addon.engine_client makes of vLLM's `null` logprob; TurnTokens keeps it as NaN
+    # what addon.engine.client makes of vLLM's `null` logprob; TurnTokens keeps it as NaN
     missing = (t.completion_logprobs[0], nan) + t.completion_logprobs[2:]
     ep.records[1] = dataclasses.replace(ep.records[1], tokens=TurnTokens(t.prompt_ids, t.completion_ids, missing))
     assert mask_reason(ep.records[1]) is None  # the call is trained, minus the one token
@@ -231,7 +231,7 @@ def test_spliced_tool_loop_merges_into_one_sequence(smollm2_tokenizer_dir: Path)
 
 def test_module_imports_in_the_engine_env_without_transformers() -> None:
     code = (
-        "import sys, addon.sequences; "
+        "import sys, addon.records.sequences; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'jinja2')))"
     )
     out = subprocess.run([str(ENGINE_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

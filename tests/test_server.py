@@ -1,4 +1,5 @@
-"""addon/server.py: naming the caller from its User-Agent, and the internal server's lifecycle with the real runtime
+"""addon/serving/server.py: naming the caller from its User-Agent, and the internal server's lifecycle with the real
+runtime
 (generator, record store, tokenizer) against the FAKE engine of benchmarks/fake_engine.py served in process:
 a client that gives up stops its call, shutdown does not wait a minute for a call hung on the engine, closing a
 session frees its prefix graph, and the listen backlog takes a burst of connects (the HTTP routes are driven end
@@ -18,11 +19,11 @@ import httpx
 import pytest
 from mitmproxy.options import Options
 
-from addon.config import CaptureConfig, add_options
-from addon.records import read_records
-from addon.runtime import Runtime
-from addon.server import CALL_PATH, HEADER_PATH, HEADER_SESSION, LISTEN_BACKLOG, harness_from_user_agent
-from addon.wal import list_segments
+from addon.records.schema import read_records
+from addon.records.wal import list_segments
+from addon.serving.config import CaptureConfig, add_options
+from addon.serving.runtime import Runtime
+from addon.serving.server import CALL_PATH, HEADER_PATH, HEADER_SESSION, LISTEN_BACKLOG, harness_from_user_agent
 from benchmarks.fake_engine import FakeEngine, Faults
 from tests.runtime_world import start_runtime
 
@@ -251,7 +252,7 @@ def test_every_option_can_be_set_on_the_command_line(tmp_path: Path) -> None:
     mitmdump exit at start-up as soon as it was set."""
     from mitmproxy.utils import typecheck
 
-    from addon.config import OPTIONS
+    from addon.serving.config import OPTIONS
 
     for name, typ, default, _ in OPTIONS:
         typecheck.check_option_type(name, default, typ)

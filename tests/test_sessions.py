@@ -1,10 +1,10 @@
-"""addon/sessions.py: attribution order and budgets."""
+"""addon/generation/sessions.py: attribution order and budgets."""
 
 from __future__ import annotations
 
 import pytest
 
-from addon.sessions import UNATTRIBUTED, Budget, Evidence, SessionRegistry, attribute, parse_sources
+from addon.generation.sessions import UNATTRIBUTED, Budget, Evidence, SessionRegistry, attribute, parse_sources
 
 
 def test_attribution_takes_the_first_source_that_has_a_value() -> None:

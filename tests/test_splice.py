@@ -1,4 +1,4 @@
-"""addon/splice.py: token-faithful prompts across the calls of a session, with the real SmolLM2 tokenizer.
+"""addon/generation/splice.py: token-faithful prompts across the calls of a session, with the real SmolLM2 tokenizer.
 
 Second requests are built the way each format's SDK sends a turn back: the wire body the proxy returned for the
 first call is put into the next request body, which is parsed by the real dialect.
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from addon.render import PromptRenderer
-from addon.splice import (
+from addon.generation.render import PromptRenderer
+from addon.generation.splice import (
     SessionGraphs,
     SessionState,
     SpliceConfig,

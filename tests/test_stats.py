@@ -1,8 +1,8 @@
-"""addon/stats.py: percentiles, windows and the splice/fork accounting the admin route reports."""
+"""addon/generation/stats.py: percentiles, windows and the splice/fork accounting the admin route reports."""
 
 from __future__ import annotations
 
-from addon.stats import Stats
+from addon.generation.stats import Stats
 
 
 def test_overhead_percentiles_and_calls_per_second() -> None:

@@ -1,4 +1,4 @@
-"""addon/token_ids.py: packing checks every id in C, the Arrow view shares the buffer, and the JSON list is what
+"""addon/records/token_ids.py: packing checks every id in C, the Arrow view shares the buffer, and the JSON list is what
 ``json.dumps`` writes (property test)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from addon import token_ids
+from addon.records import token_ids
 
 IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=300)
 

@@ -1,4 +1,4 @@
-"""addon/tuning.py: the collector and allocator settings the runtime applies at bind, and the trimmer's pacing
+"""addon/serving/tuning.py: the collector and allocator settings the runtime applies at bind, and the trimmer's pacing
 (the effect on time and memory is measured by benchmarks/soak.py, not here)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from addon import memory, tuning
-from addon.tuning import ProcessTuning, Trimmer
+from addon.serving import memory, tuning
+from addon.serving.tuning import ProcessTuning, Trimmer
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Tests for addon.wal: frames round-trip, torn tails are skipped, corruption is loud, failed writes leave no debris."""
+"""Tests for addon.records.wal: frames round-trip, torn tails are skipped, corruption is loud, failed writes leave no
+debris."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from addon import wal
+from addon.records import wal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +103,7 @@ def test_closed_writer_and_oversized_frame_raise(tmp_path: Path) -> None:
 _FILL_SCRIPT = """
 import os, resource, signal, sys
 from pathlib import Path
-from addon import wal
+from addon.records import wal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
 resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))
 writer = wal.SegmentWriter(Path(sys.argv[1]), 1)

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from addon.engine_pool import parse_engine_urls as _parse_urls
+from addon.engine.pool import parse_engine_urls as _parse_urls
 
 Grouping: TypeAlias = Literal["task", "task_harness"]
 StalenessPolicy: TypeAlias = Literal["refuse", "is_correct"]
@@ -112,7 +112,7 @@ class RunConfig:
 
 def parse_engine_urls(text: str) -> tuple[str, ...]:
     """``"http://a:8000, http://b:8000/"`` -> ``("http://a:8000", "http://b:8000")``: the proxy's own rules
-    (:func:`addon.engine_pool.parse_engine_urls`), so the trainer and ``tasks.collect`` accept the same lists."""
+    (:func:`addon.engine.pool.parse_engine_urls`), so the trainer and ``tasks.collect`` accept the same lists."""
     try:
         return _parse_urls(text)
     except ValueError as e:

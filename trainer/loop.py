@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from addon.records import read_records, records_from_table
+from addon.records.schema import read_records, records_from_table
 from tasks.episodes import EpisodeRecord, read_episodes
 from trainer import sync
 from trainer.config import ConfigError, RunConfig, check_grpo_config, scale_rewards_mode, to_json

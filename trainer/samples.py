@@ -3,8 +3,8 @@
 Contract
 --------
 * :func:`build_samples` takes the episodes of a collect and its call records. Per episode it builds the session's
-  training sequences with :func:`addon.sequences.build_sequences` (one per agent path; the loss mask is 1 exactly
-  on the ids the model sampled, the behaviour logprobs are the captured ones) and makes one :class:`Sample` per
+  training sequences with :func:`addon.records.sequences.build_sequences` (one per agent path; the loss mask is 1
+  exactly on the ids the model sampled, the behaviour logprobs are the captured ones) and makes one :class:`Sample` per
   sequence. Auxiliary paths (titles, summaries) are excluded unless ``include_auxiliary``.
 * Advantages are group-normalised rewards over the G rollouts of a group: ``grouping="task"`` groups a task's
   rollouts across harnesses (``task_group_id``), ``"task_harness"`` per task x harness (``group_id``).
@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from addon.records import CallRecord
-from addon.sequences import TrainingSequence, build_sequences
+from addon.records.schema import CallRecord
+from addon.records.sequences import TrainingSequence, build_sequences
 from tasks.episodes import EpisodeRecord
 
 ScaleRewards = Literal["group", "batch", "none"]

@@ -5,7 +5,7 @@ Contract
 * Input: one or more collect run dirs (``episodes.parquet`` + ``records/``), e.g. a stronger teacher's rollouts
   served through the same proxy. :func:`select_episodes` keeps the episodes that pass :class:`EpisodeFilter`
   (default: the verifier passed; or ``reward >= min_reward``). Their sessions' call records become samples with
-  :func:`addon.sequences.build_sequences`: one per agent path, auxiliary calls left out unless asked for, paths
+  :func:`addon.records.sequences.build_sequences`: one per agent path, auxiliary calls left out unless asked for, paths
   without a sampled token dropped. :func:`load_samples` raises :class:`SftDataError` naming the counts when
   nothing is left (no episode passes the filter, no records for the kept sessions, ...).
 * Samples reach TRL pre-tokenized: ``input_ids`` plus ``completion_mask`` = the sequence's ``loss_mask`` (1 exactly
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from addon.records import CallRecord, read_records, records_from_table
-from addon.sequences import TrainingSequence, build_sequences
+from addon.records.schema import CallRecord, read_records, records_from_table
+from addon.records.sequences import TrainingSequence, build_sequences
 from tasks.episodes import EpisodeRecord, read_episodes
 from trainer.model import DEFAULT_CACHE_DIR, resolve_model
 

@@ -15,7 +15,7 @@ Contract
   engine's reload does not wait for another's). Per engine: pause (in-flight requests finish on the old weights),
   ``reload_weights`` in place, ``reset_prefix_cache`` (cached KV was computed by the old weights), set the weight
   version to ``str(version)`` (the proxy polls it and stamps every record with it), resume, then read the version
-  back — all through :class:`addon.engine_client.EngineClient`. Returns :class:`SyncResult` (wall seconds of the
+  back — all through :class:`addon.engine.client.EngineClient`. Returns :class:`SyncResult` (wall seconds of the
   fan-out and seconds per engine). When any engine fails, :class:`SyncError` names each failed engine with its
   error and lists the engines that did switch (the replicas then serve different versions until the next sync).
 * :func:`served_version` reads the engine's current weight version as an int (None when it is not a number).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from addon.engine_client import EngineClient
+from addon.engine.client import EngineClient
 
 OPTIMIZER_FILE = Path("trainer") / "optimizer.pt"
 

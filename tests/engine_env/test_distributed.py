@@ -25,7 +25,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from addon.records import CallRecord, to_batch
+from addon.records.schema import CallRecord, to_batch
 from tasks.episodes import write_episodes
 from tests.engine_env.test_samples import call, episode
 from trainer.engine import free_port

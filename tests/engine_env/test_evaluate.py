@@ -1,5 +1,6 @@
-"""trainer/evaluate.py: the held-out split, the before/after comparison math (incl. the solved-both subset), its
-outputs, and the fast ``compare`` command on crafted collect run dirs."""
+"""trainer/evaluate.py and trainer/comparison.py (through evaluate's re-exports): the held-out split, the
+before/after comparison math (incl. the solved-both subset), its outputs, and the fast ``compare`` command on
+crafted collect run dirs."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from addon.engine_client import EngineClient, GenerationRequest, GenerationResult
+from addon.engine.client import EngineClient, GenerationRequest, GenerationResult
 from tasks.episodes import ALL, CallStats, EpisodeRecord, write_episodes
 from tasks.figures import mean_interval, wilson_interval
 from tasks.taskset import builtin_taskset, load_taskset
+from trainer import comparison
 from trainer import evaluate as ev
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -126,7 +128,7 @@ def test_comparison_figures_show_before_and_after_with_intervals() -> None:
     assert [t.get_text() for t in ax.texts] == ["0.50", "0.00", "n/a", "0.75", "0.00", "1.00"]
     legend = [t.get_text() for t in figs["pass_at_1"].legends[0].get_texts()]
     assert legend == ["before: base default", "after: checkpoint /a/b/c/checkpoints/it-3"]
-    assert ev._short("checkpoint /work/main/runs/train/2026-12-02T12-00/checkpoints/iteration-0003") == (
+    assert comparison._short("checkpoint /work/main/runs/train/2026-12-02T12-00/checkpoints/iteration-0003") == (
         "checkpoint …/checkpoints/iteration-0003"
     )
     assert "smoke" in ax.get_title(loc="left") and "Wilson" in ax.get_title(loc="left")

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from addon.engine_client import EngineClient
-from addon.records import read_records, records_from_table
+from addon.engine.client import EngineClient
+from addon.records.schema import read_records, records_from_table
 from tasks.rewards import EpisodeOutcome
 from trainer import loop
 from trainer.config import RunConfig

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from addon.records import CallRecord, TurnTokens
+from addon.records.schema import CallRecord, TurnTokens
 from tasks.episodes import CallStats, EpisodeRecord
 from trainer.samples import SampleOptions, advantages, build_samples, collect_metrics
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from addon.records import CallRecord, TurnTokens, pack_json, to_batch
+from addon.records.schema import CallRecord, TurnTokens, pack_json, to_batch
 from tasks.episodes import EpisodeRecord, write_episodes
 from trainer import sft
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from addon.engine_client import EngineClient
+from addon.engine.client import EngineClient
 from trainer import sync
 from trainer.config import default_grpo_config
 from trainer.engine import free_port
@@ -90,7 +90,7 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
 
 
 async def _sampled(url: str, prompt: tuple[int, ...]) -> tuple[int, float]:
-    from addon.engine_client import GenerationRequest
+    from addon.engine.client import GenerationRequest
 
     async with EngineClient(url) as client:
         result = await client.generate(GenerationRequest(prompt, max_tokens=1, temperature=1.0))

@@ -8,7 +8,7 @@ path that is not its own (``/_harnessrl/...``) as the capture addon answers an i
 mode: ``/s/<session>/v1/chat/completions``, ``/s/<session>/v1/messages``, ``/v1beta/models/m:generateContent``...
 Model calls are generated and recorded exactly as through mitmproxy (same generator, same records); count-tokens,
 model listings, the WebSocket refusal and harmless local answers come from
-:meth:`addon.runtime.Runtime.answer_locally`. The session comes from ``harnessrl_session_sources`` (``prefix``,
+:meth:`addon.serving.runtime.Runtime.answer_locally`. The session comes from ``harnessrl_session_sources`` (``prefix``,
 ``header``, ``api_key``; ``proxyauth`` has nothing to read here). A body over ``harnessrl_max_body`` gets a 413 in
 the caller's wire format.
 
@@ -30,27 +30,16 @@ from typing import Protocol
 
 from aiohttp import web
 
-from addon.routes import (
-    CountTokens,
-    LocalAnswer,
-    ModelCall,
-    ModelList,
-    WebSocketRefused,
-    classify,
-    split_session_prefix,
-)
-from addon.server import INTERNAL_HEADERS, InternalServer
-from addon.sessions import SESSION_HEADER, Evidence, SessionSource, api_key, attribute
-from converters import dialect_for
-from converters.canonical import ConversionError
+from addon.generation.sessions import SESSION_HEADER, SessionSource
+from addon.serving.admission import Admitted, Arrival, LocalDecision, Refused, admit, too_large
+from addon.serving.routes import CountTokens
+from addon.serving.server import INTERNAL_HEADERS, InternalServer
 
 log = logging.getLogger("harnessrl.base_url")
 
-LocalDecision = CountTokens | ModelList | WebSocketRefused | LocalAnswer
-
 
 class Reply(Protocol):
-    """What :meth:`addon.runtime.Runtime.answer_locally` returns (``LocalReply``)."""
+    """What :meth:`addon.serving.runtime.Runtime.answer_locally` returns (``LocalReply``)."""
 
     @property
     def status(self) -> int: ...
@@ -80,37 +69,33 @@ class BaseUrlEndpoint:
         self.server.app.router.add_route("*", "/{tail:.*}", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        prefix_session, path = split_session_prefix(request.path)
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in INTERNAL_HEADERS}
-        decision = classify(request.method, path, dict(request.query), headers)
-        if not isinstance(decision, ModelCall):
-            if isinstance(decision, LocalAnswer):
-                log.info(
-                    "harnessrl: local answer %d for %s %s (%s)", decision.status, request.method, path, decision.reason
-                )
-            body = await request.read() if isinstance(decision, CountTokens) else b""
-            reply = await self._answer_locally(decision, body, headers)
+        arrival = Arrival(
+            method=request.method,
+            # the decoded path (as aiohttp routes it), the query still encoded: admission parses it once
+            target=request.path + (f"?{q}" if (q := request.rel_url.raw_query_string) else ""),
+            headers=headers,
+            body_length=request.content_length,
+            header_session=request.headers.get(SESSION_HEADER),  # the session header is also an internal one
+        )
+        verdict = admit(arrival, self.sources, self.max_body)
+        if isinstance(verdict, Refused):
+            return _response(verdict)
+        if not isinstance(verdict, Admitted):
+            body = await request.read() if isinstance(verdict.decision, CountTokens) else b""
+            reply = await self._answer_locally(verdict.decision, body, headers)
             return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-        if (request.content_length or 0) > self.max_body:
-            return self._too_large(decision)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:  # no content-length: aiohttp counted while reading
-            return self._too_large(decision)
+            return _response(too_large(verdict.call, self.max_body))
         if len(body) > self.max_body:
-            return self._too_large(decision)
-        evidence = Evidence(
-            prefix_session=prefix_session,
-            header_session=request.headers.get(SESSION_HEADER),  # the session header is also an internal one
-            api_key=api_key(headers),
-        )
-        session, _source = attribute(self.sources, evidence)
-        return await self.server.serve_model_call(request, decision, session, headers, body=body)
+            return _response(too_large(verdict.call, self.max_body))
+        return await self.server.serve_model_call(request, verdict.call, verdict.session, headers, body=body)
 
-    def _too_large(self, decision: ModelCall) -> web.Response:
-        err = ConversionError("too_large", f"request body exceeds {self.max_body} bytes")
-        wire = dialect_for(decision.route.format).render_error(err)
-        return web.Response(status=wire.status, body=wire.body, headers=dict(wire.headers))
+
+def _response(refused: Refused) -> web.Response:
+    return web.Response(status=refused.status, body=refused.body, headers=refused.headers)
 
 
 __all__ = ["BaseUrlEndpoint"]

@@ -5,8 +5,8 @@ Contract
 ``RecordStore.open(folder, run_id)`` opens (or creates) one run folder::
 
     folder/.lock                  flock: one store per folder at a time
-    folder/wal/wal-NNNNNNNN.log   write-ahead log segments (addon.wal)
-    folder/shard-NNNNN.parquet    finished shards, SCHEMA of addon.records
+    folder/wal/wal-NNNNNNNN.log   write-ahead log segments (addon.records.wal)
+    folder/shard-NNNNN.parquet    finished shards, SCHEMA of addon.records.schema
     folder/manifest.json          index of the shards, always written last
 
 * :meth:`RecordStore.append` writes the record to the WAL (one Arrow IPC frame, checksummed) and fsyncs before it
@@ -28,13 +28,13 @@ Locks: ``_shard_lock`` (held while cutting and writing a shard) is always taken 
 an append that does not fill a shard never waits for a shard write, and whoever holds ``_shard_lock`` knows no cut
 rows are in flight.
 
-Layout: errors and value types, the store (open/recover, append, shards, manifest).
+Layout: value types, the store (open/recover, append, shards, manifest). The durable file writes (shard,
+manifest) and :class:`RecordStoreError` live in :mod:`addon.records.files`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -50,35 +50,11 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from addon import wal
-from addon.records import RUN_ID_KEY, SCHEMA, SCHEMA_VERSION, SHARD_NAME, CallRecord, to_batch
+from addon.records import files, wal
+from addon.records.files import RecordStoreError
+from addon.records.schema import RUN_ID_KEY, SCHEMA, SCHEMA_VERSION, SHARD_NAME, CallRecord, to_batch
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-# Columns with few distinct values per shard; the rest (token ids, logprobs, blobs, ids, timestamps) go plain.
-DICTIONARY_COLUMNS = [
-    "run_id",
-    "session_id",
-    "harness",
-    "harness_version",
-    "wire_format",
-    "route",
-    "model",
-    "served_model",
-    "finish_reason",
-    "tool_call_names",
-    "auxiliary_reason",
-    "sampling_requested",
-    "sampling_applied",
-    "budget_stop",
-    "fork_reason",
-]
-MANIFEST_FORMAT = "harnessrl-records"
-
-
-class RecordStoreError(Exception):
-    """A record store operation failed; what was acknowledged before stays recoverable."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +113,7 @@ class _Cut:
 
 
 class RecordStore:
-    """Append-only, crash-safe store of :class:`~addon.records.CallRecord` rows for one run. Use :meth:`open`."""
+    """Append-only, crash-safe store of :class:`~addon.records.schema.CallRecord` rows for one run. Use :meth:`open`."""
 
     def __init__(self, folder: Path, run_id: str, config: StoreConfig, lock_file: IO[bytes]) -> None:
         self.folder = folder
@@ -384,30 +360,12 @@ class RecordStore:
         return index
 
     def _write_shard(self, index: int, cut: _Cut) -> None:
-        """Write ``shard-index.parquet`` durably: tmp file, fsync, rename, fsync the folder."""
+        """Write ``shard-index.parquet`` durably (see :func:`addon.records.files.write_shard`)."""
         name = f"shard-{index:05d}.parquet"
         metadata = {**(SCHEMA.metadata or {}), RUN_ID_KEY: self.run_id.encode()}
         # One chunk per column: the Parquet writer is ~10x slower on a thousand one-row chunks.
         table = pa.Table.from_batches(cut.batches, schema=SCHEMA).combine_chunks().replace_schema_metadata(metadata)
-        tmp = self.folder / f"{name}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(
-                    table,
-                    f,
-                    compression="zstd",
-                    compression_level=self.config.compression_level,
-                    row_group_size=self.config.row_group_rows,
-                    # Dictionary-encoding token ids and blobs costs ~3x the write time and saves nothing.
-                    use_dictionary=DICTIONARY_COLUMNS,
-                )
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, self.folder / name)
-            wal.fsync_dir(self.folder)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        files.write_shard(self.folder / name, table, self.config.compression_level, self.config.row_group_rows)
         with self._lock:  # counts() reads these from other threads
             self._shards[name] = table.num_rows
             self._shard_sessions.update(table["session_id"].to_pylist())
@@ -421,38 +379,10 @@ class RecordStore:
     # -------------------------------------------------------------------------------------------- manifest
 
     def _write_manifest(self) -> None:
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "total_rows": sum(self._shards.values()),
-            "shards": [{"file": name, "rows": rows} for name, rows in sorted(self._shards.items())],
-        }
-        tmp = self.folder / f"{MANIFEST}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, self.folder / MANIFEST)
-            wal.fsync_dir(self.folder)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        files.write_manifest(self.folder, self.run_id, self._shards)
 
     def _read_manifest(self) -> dict[str, Any] | None:
-        path = self.folder / MANIFEST
-        if not path.exists():
-            return None
-        try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            # Only ever written by rename, so this is outside damage; the shards are the truth: rebuild it.
-            log.warning("ignoring unreadable manifest %s: %s", path, e)
-            return None
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("schema_version") != SCHEMA_VERSION:
-            raise RecordStoreError(f"{path} is not a version-{SCHEMA_VERSION} {MANIFEST_FORMAT} manifest")
-        return dict(manifest)
+        return files.read_manifest(self.folder)
 
     # -------------------------------------------------------------------------------------------- lifecycle
 

@@ -3,7 +3,7 @@ prefix graph, with the loss on exactly the ids the model sampled.
 
 Contract
 --------
-Imports only the standard library and :mod:`addon.records` (pyarrow), so it runs in the proxy env and the engine
+Imports only the standard library and :mod:`addon.records.schema` (pyarrow), so it runs in the proxy env and the engine
 env alike.
 
 * The prefix graph: a record *extends* its ``parent_call_id`` when it names a parent recorded earlier in the
@@ -17,7 +17,7 @@ env alike.
   trained in exactly one sequence: the first one (leaves in ``call_index`` order) that holds it; in the others it
   is masked. Auxiliary calls are roots of their own, marked ``auxiliary``. A call whose logprobs do not align with
   its ids (count differs, a value infinite or above 0), or that ended incomplete, is never trained. A NaN logprob
-  marks one sampled token the engine gave no logprob for (:data:`addon.engine_client.MISSING_LOGPROB`): that token
+  marks one sampled token the engine gave no logprob for (:data:`addon.engine.client.MISSING_LOGPROB`): that token
   alone gets mask 0 (there is no behaviour logprob to take a ratio against); the rest of its call is trained.
 * :func:`validate_session` grades a session (:class:`SessionReport`); :func:`merge_ratio` is the number of token
   ids in per-call rows over the number in the merged sequences.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from addon.records import CallRecord
+from addon.records.schema import CallRecord
 
 MaskReason: TypeAlias = Literal["misaligned_logprobs", "incomplete"]
 Grade: TypeAlias = Literal["ok", "warn", "bad"]

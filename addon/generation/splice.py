@@ -5,8 +5,9 @@ Contract
 Sans-IO and synchronous. One :class:`SessionState` per session holds a node per recorded call; the caller holds
 ``state.lock`` around :func:`plan` and around :func:`record` (they may run in a worker thread; the lock is not
 held while the engine generates). :class:`SessionGraphs` maps session ids to states and evicts them by idle time
-and by a cap on the token ids held. Those three live in :mod:`addon.session_graph` (re-exported here). Build one
-:class:`SpliceRenderer` per :class:`~addon.render.PromptRenderer`.
+and by a cap on the token ids held. Those three live in :mod:`addon.generation.session_graph` (re-exported here).
+Build one
+:class:`SpliceRenderer` per :class:`~addon.generation.render.PromptRenderer`.
 
 ``plan(state, request, splicer)`` finds the *parent*: the most recent earlier call (same leading instructions,
 same tools) whose request messages followed by the assistant message the proxy returned
@@ -42,7 +43,8 @@ it most likely replaces or follows (the matched call for ``reasoning_dropped`` /
 reason never means "extends"; the first call has neither (``CallRecord`` allows a fork reason only with a parent).
 A retry (the same messages as an earlier call) is a sibling: that call's prompt ids, parent and reason again.
 
-Memory is linear in a session's length (see :mod:`addon.session_graph`: one copy of the history and of the prompt
+Memory is linear in a session's length (see :mod:`addon.generation.session_graph`: one copy of the history and of the
+prompt
 ids per session, packed); :class:`SplicePlan` still hands out tuples of ints. :meth:`SessionGraphs.drop` forgets a
 session when the collector closes it; a closed session that sends again starts a new graph (its next call renders
 in full).
@@ -55,49 +57,40 @@ Organisation: reasons, config and plan; canonical keys and the shared context; t
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import Any, Literal, TypeAlias, get_args
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
-from addon.parser import CallKind
-from addon.render import (
+from addon.generation.lineage import (
+    FORK_REASONS,
+    Context,
+    ForkReason,
+    SplicePlan,
+    SpliceReason,
+    assistant_key,
+    assistant_message,
+    message_key,
+    same_message,
+)
+from addon.generation.parser import CallKind
+from addon.generation.render import (
     PromptRenderer,
-    TemplateInput,
     TemplateMessage,
     ToolMode,
     convert_message,
-    render_messages,
 )
-from addon.session_graph import CallNode, SessionGraphs, SessionState
+from addon.generation.session_graph import CallNode, SessionGraphs, SessionState
 from converters.canonical import (
     Completion,
     FinishReason,
-    ImagePart,
     Message,
     ModelRequest,
-    Part,
     ReasoningPart,
     TextPart,
     ToolCallPart,
-    ToolChoice,
     ToolSpec,
 )
-
-ForkReason: TypeAlias = Literal[
-    "first_call",  # nothing earlier in the session
-    "history_rewritten",  # earlier messages changed (compaction, edits)
-    "reasoning_dropped",  # the harness sent the turn back without its reasoning, which the template renders
-    "tools_changed",
-    "instructions_changed",  # leading system/developer text differs (sub-agents)
-    "auxiliary",  # a side request (title, classifier): never spliced
-    "length_cut",  # the parent was cut by max tokens and length_policy is "fork"
-    "template_not_prefix",  # the template does not render the shared history as a prefix
-]
-FORK_REASONS: tuple[ForkReason, ...] = get_args(ForkReason)
-SpliceReason: TypeAlias = Literal["extends"] | ForkReason
 
 
 @dataclass(frozen=True)
@@ -106,144 +99,6 @@ class SpliceConfig:
     """``close``: extend a parent cut by max tokens, appending the template's end-of-turn ids; ``fork``: do not."""
     full_render: bool = False
     """Render the whole conversation as text to check the suffix even when the template is message-local."""
-
-
-@dataclass(frozen=True)
-class SplicePlan:
-    """The prompt for one call and how it relates to earlier calls of the session."""
-
-    prompt_ids: tuple[int, ...]
-    reason: SpliceReason
-    parent_call_id: str | None
-    reused_tokens: int  # leading prompt ids taken verbatim from the parent's prompt + completion
-    suffix_text: str  # the text tokenised for this call (the whole prompt text for a new root)
-    mode: ToolMode
-    tool_kinds: tuple[tuple[str, CallKind], ...]
-    retry_of: str | None = None  # a sibling: the earlier call with the same messages
-    # The same ids already packed, when splicing built them so: the session graph holds this array instead of
-    # packing the tuple again (an O(prompt) pass per call). Never kept on a graph node's plan (memory).
-    packed: array[int] | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def fork_reason(self) -> ForkReason | None:
-        """The record's ``fork_reason``: set only with a parent (``CallRecord`` requires that)."""
-        if self.reason == "extends" or self.parent_call_id is None:
-            return None
-        return self.reason
-
-    def allowed_tools(self) -> dict[str, CallKind]:
-        return dict(self.tool_kinds)
-
-
-# --------------------------------------------------------------------------------------------- canonical keys
-# Keys survive each format's round trip: provider state (signatures, cache_control, item ids) is ignored, tool
-# arguments compare as parsed JSON, developer == system. Text compares exactly.
-
-
-def _args_key(part: ToolCallPart) -> str:
-    if part.kind == "custom":
-        return part.arguments
-    return json.dumps(part.parsed_arguments(), sort_keys=True, ensure_ascii=False)
-
-
-def _part_key(part: Part) -> tuple[Any, ...]:
-    if isinstance(part, TextPart):
-        return ("text", part.text)
-    if isinstance(part, ImagePart):
-        return ("image", part.source, part.data, part.media_type)
-    if isinstance(part, ReasoningPart):
-        return ("reasoning", part.text)
-    if isinstance(part, ToolCallPart):
-        return ("call", part.id, part.name, part.kind, _args_key(part))
-    return ("result", part.call_id, part.is_error, part.kind, tuple(_part_key(p) for p in part.content))
-
-
-def message_key(msg: Message, *, keep_reasoning: bool = True) -> tuple[Any, ...]:
-    """A history message, canonically (assistant turns via :func:`assistant_key`)."""
-    if msg.role == "assistant":
-        return ("assistant", assistant_key(msg, keep_reasoning=keep_reasoning))
-    role = "system" if msg.role == "developer" else msg.role
-    return (role, tuple(_part_key(p) for p in msg.parts))
-
-
-def assistant_key(msg: Message, *, keep_reasoning: bool = True) -> tuple[str, str, tuple[tuple[Any, ...], ...]]:
-    """(reasoning, text, calls): fragments joined, order between kinds ignored (formats order blocks differently),
-    redacted reasoning (no text) left out."""
-    reasoning = "".join(p.text for p in msg.parts if isinstance(p, ReasoningPart)) if keep_reasoning else ""
-    text = "".join(p.text for p in msg.parts if isinstance(p, TextPart))
-    calls = tuple(_part_key(p) for p in msg.parts if isinstance(p, ToolCallPart))
-    return reasoning, text, calls
-
-
-def same_message(a: Message, b: Message, *, keep_reasoning: bool = True) -> bool:
-    if a == b:
-        return True
-    return message_key(a, keep_reasoning=keep_reasoning) == message_key(b, keep_reasoning=keep_reasoning)
-
-
-def assistant_message(completion: Completion) -> Message:
-    """The canonical assistant message the proxy returned for ``completion``."""
-    parts: list[Part] = [ReasoningPart(completion.reasoning)] if completion.reasoning else []
-    if completion.text:
-        parts.append(TextPart(completion.text))
-    parts.extend(ToolCallPart(c.id, c.name, c.arguments, c.kind) for c in completion.tool_calls)
-    return Message("assistant", tuple(parts))
-
-
-def _lead(messages: Sequence[Message]) -> int:
-    n = 0
-    while n < len(messages) and messages[n].role in ("system", "developer"):
-        n += 1
-    return n
-
-
-def _tool_key(tool: ToolSpec) -> tuple[Any, ...]:
-    params = json.dumps(tool.parameters, sort_keys=True, default=str)
-    return (tool.name, tool.description, tool.kind, params, tuple(_tool_key(t) for t in tool.tools))
-
-
-@dataclass(frozen=True, eq=False)
-class Context:
-    """What every turn of one lineage shares: the leading instructions and the tools offered. Compared as given
-    first (cheap), canonically when that fails. A call that extends its parent shares the parent's object, so the
-    canonical keys and the rendered head are computed once per lineage."""
-
-    lead: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
-    tool_choice: ToolChoice | None
-    _heads: dict[int, TemplateInput] = field(default_factory=dict, repr=False)  # id(splicer) -> rendered head
-
-    @classmethod
-    def of(cls, request: ModelRequest) -> Context:
-        return cls(request.messages[: _lead(request.messages)], request.tools, request.tool_choice)
-
-    @cached_property
-    def instructions_key(self) -> tuple[tuple[Any, ...], ...]:
-        return tuple(message_key(m) for m in self.lead)
-
-    @cached_property
-    def tools_key(self) -> tuple[Any, ...]:
-        return tuple(_tool_key(t) for t in self.tools), repr(self.tool_choice)
-
-    def same_instructions(self, other: Context) -> bool:
-        return self.lead == other.lead or self.instructions_key == other.instructions_key
-
-    def same_tools(self, other: Context) -> bool:
-        if self.tools == other.tools and self.tool_choice == other.tool_choice:
-            return True
-        return self.tools_key == other.tools_key
-
-    def same(self, other: Context) -> bool:
-        return self is other or (self.same_instructions(other) and self.same_tools(other))
-
-    def head(self, splicer: SpliceRenderer, request: ModelRequest) -> TemplateInput:
-        """The template's system message and tools for this context (rendered once)."""
-        head = self._heads.get(id(splicer))
-        if head is None:
-            r = splicer.renderer
-            head = render_messages(replace(request, messages=self.lead), r.capabilities, r.spec)
-            self._heads[id(splicer)] = head
-        return head
 
 
 # --------------------------------------------------------------------------------------------- template probe
@@ -387,7 +242,7 @@ def _splice(
     node: CallNode, prompt_ids: array[int], request: ModelRequest, splicer: SpliceRenderer
 ) -> SplicePlan | None:
     """Extend ``node``: its ids, then the tokenised suffix; None when the template check fails."""
-    head = node.context.head(splicer, request)
+    head = node.context.head(splicer.renderer, request)
     messages = request.messages
     k = len(node.messages)
     lead = len(node.context.lead)

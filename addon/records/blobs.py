@@ -12,7 +12,7 @@ Contract
   value. Its output is always equal to ``dumps_json(plain(request))``; only the cost differs: a session resends its
   whole history every call, and with the cache only the new messages are encoded.
 
-Nothing here imports mitmproxy. ``addon.records`` re-exports :func:`pack_json` / :func:`unpack_json`.
+Nothing here imports mitmproxy. ``addon.records.schema`` re-exports :func:`pack_json` / :func:`unpack_json`.
 
 Layout: encoding, packing, the cache.
 """

@@ -1,5 +1,5 @@
 """One model call, end to end: wire body -> canonical request -> token ids -> engine -> sampled ids -> canonical
-events -> wire bytes, and one :class:`~addon.records.CallRecord`.
+events -> wire bytes, and one :class:`~addon.records.schema.CallRecord`.
 
 Contract
 --------
@@ -12,17 +12,15 @@ Ordering guarantee: the call's record is appended to the write-ahead log (fsync'
 final event (or the whole non-streaming body) is written to the client, so a turn the client saw complete is never
 lost. Blocking work — tokenizer rendering, WAL appends — runs in threads, never on the event loop.
 
-Sampling: by default top_p/top_k/min_p/penalties are forced neutral so the recorded logprobs are those of the
-distribution actually sampled (at the applied temperature); both the requested and the applied values are recorded.
+Sampling: :class:`~addon.generation.sampling.SamplingPolicy` decides what is applied (by default top_p/top_k/min_p
+and penalties neutral); both the requested and the applied values are recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,18 +29,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from addon.engine_client import BadRequest, ContextTooLong, EngineError, GenerationRequest, Regex
-from addon.engine_pool import EnginePool, NoEngine
-from addon.parser import OutputParser, ParserSpec
-from addon.record_json import CanonicalJson, dumps_json, pack_json_text, plain
-from addon.record_store import RecordStore, RecordStoreError
-from addon.records import CallRecord, TurnTokens
-from addon.render import PromptRenderer
-from addon.sessions import SessionRegistry
-from addon.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
-from addon.splice import plan as splice_plan
-from addon.splice import record as splice_record
-from addon.stats import Stats
+from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
+from addon.engine.pool import EnginePool, NoEngine
+from addon.generation.parser import OutputParser, ParserSpec
+from addon.generation.render import PromptRenderer
+from addon.generation.sampling import SamplingPolicy, engine_sampling, forced_tool_call
+from addon.generation.sessions import SessionRegistry
+from addon.generation.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
+from addon.generation.splice import plan as splice_plan
+from addon.generation.splice import record as splice_record
+from addon.generation.stats import Stats
+from addon.records.blobs import CanonicalJson, dumps_json, pack_json_text, plain
+from addon.records.schema import CallRecord, TurnTokens
+from addon.records.store import RecordStore, RecordStoreError
 from converters import dialect_for
 from converters.accumulate import Accumulator
 from converters.base import Dialect, Route, StreamEncoder, UnknownFields
@@ -71,44 +70,6 @@ class ResponseSink(Protocol):
     async def start(self, status: int, headers: Mapping[str, str]) -> None: ...
     async def write(self, data: bytes) -> None: ...
     async def end(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class SamplingPolicy:
-    temperature: float | None = None  # None: the request's temperature, else 1.0
-    default_max_tokens: int = 1024
-    neutral: bool = True  # force top_p/top_k/min_p/penalties neutral
-    seed: int | None = None  # base of the per-call seeds of calls whose request gives none (reproducible collection)
-    max_tokens_cap: int | None = None  # no call samples more (whatever it asks); recorded as applied
-
-    def call_seed(self, session_id: str, call_index: int) -> int | None:
-        """The seed of one call: derived from the base seed, the session and the call index, so that a rerun samples
-        the same tokens while the G rollouts of a group (different sessions) still differ, as GRPO needs."""
-        if self.seed is None:
-            return None
-        digest = hashlib.sha256(f"{self.seed}:{session_id}:{call_index}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-    def apply(
-        self, request: ModelRequest, prompt_len: int, max_model_len: int, session_id: str = "", call_index: int = 0
-    ) -> dict[str, Any]:
-        s = request.sampling
-        room = max_model_len - prompt_len
-        temperature = self.temperature if self.temperature is not None else s.temperature
-        applied: dict[str, Any] = {
-            "temperature": 1.0 if temperature is None else temperature,
-            "max_tokens": max(1, min(s.max_tokens or self.default_max_tokens, room, self.max_tokens_cap or room)),
-            # Stop strings are not applied: vLLM would cut the text but not say which sampled ids made the match,
-            # and the record must hold exactly what was sampled. The requested ones stay in sampling_requested.
-            "stop": [],
-            "seed": s.seed if s.seed is not None else self.call_seed(session_id, call_index),
-        }
-        if self.neutral:
-            applied |= {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-        else:
-            applied |= {"top_p": s.top_p or 1.0, "top_k": s.top_k or 0, "min_p": s.min_p or 0.0}
-            applied |= {"presence_penalty": s.presence_penalty or 0.0, "frequency_penalty": s.frequency_penalty or 0.0}
-        return applied
 
 
 @dataclass(frozen=True)
@@ -249,7 +210,7 @@ class Generator:
         start = StreamStart(_response_id(), request.model, int(time.time()), len(turn.prompt_ids))
         acc.feed(start)
         structured = forced_tool_call(request) if self.force_tool_calls else None
-        gen = GenerationRequest(prompt_ids=turn.prompt_ids, structured=structured, **_engine_sampling(turn.applied))
+        gen = GenerationRequest(prompt_ids=turn.prompt_ids, structured=structured, **engine_sampling(turn.applied))
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)
         started = False
@@ -469,24 +430,6 @@ def _identity(req: ModelRequest) -> dict[str, str]:
         if value:
             out[name] = value
     return out
-
-
-def _engine_sampling(applied: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: applied[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed") if k in applied}
-
-
-def forced_tool_call(request: ModelRequest) -> Regex | None:
-    """Test-only decoding constraint: the model must emit one call to the request's first function tool, in the
-    default parser's ``<tool_call>`` form, with a short string for each required string argument. Lets a 135M model
-    exercise the whole tool loop through real harnesses."""
-    tool = next((t for t in request.tools if t.kind == "function"), None)
-    if tool is None:
-        return None
-    props = (tool.parameters or {}).get("properties", {})
-    required = [n for n in (tool.parameters or {}).get("required", []) if props.get(n, {}).get("type") == "string"]
-    args = ", ".join(f'"{re.escape(n)}": "[a-z][a-z0-9 ._-]{{0,24}}"' for n in required)
-    name = re.escape(json.dumps(tool.name))
-    return Regex(rf'<tool_call>\{{"name": {name}, "arguments": \{{{args}\}}\}}</tool_call>')
 
 
 def _finish_reason(engine_reason: str) -> Any:

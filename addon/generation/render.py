@@ -28,7 +28,7 @@ Message mapping
 * Text parts of user/system messages join with blank lines (separate blocks); an assistant's text parts join
   with nothing (they are fragments of one generation).
 * Assistant reasoning goes to ``reasoning_content`` when the template renders that field, else it is written
-  into the content as a think span with the :class:`~addon.parser.ParserSpec` tags, where it was in the turn.
+  into the content as a think span with the :class:`~addon.generation.parser.ParserSpec` tags, where it was in the turn.
 * Tool calls and results: ``"native"`` mode (the template renders both ``tools`` and ``tool_calls``) passes
   tools through ``tools=``, calls as ``tool_calls`` (arguments as an object) and results as ``tool`` messages.
   ``"fallback"`` mode (SmolLM2) appends :data:`FALLBACK_TOOL_PROMPT` to the system message, writes calls in
@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 from jinja2 import TemplateError
 
-from addon.parser import CallKind, ParserSpec
+from addon.generation.parser import CallKind, ParserSpec
 from converters.canonical import (
     ConversionError,
     ImagePart,

@@ -3,7 +3,7 @@
 
 Contract
 --------
-Pure data, no I/O. :mod:`addon.splice` decides what a new call extends (``plan``) and adds finished calls
+Pure data, no I/O. :mod:`addon.generation.splice` decides what a new call extends (``plan``) and adds finished calls
 (``record``); this module only holds them. The caller holds ``SessionState.lock`` around both (they may run in a
 worker thread). ``SessionGraphs`` is thread-safe (its own lock).
 
@@ -13,7 +13,8 @@ messages then point at the child's (one copy of the history per session). Held i
 bytes per id instead of a tuple slot and an int object, ~36); :meth:`SessionState.prompt_ids` hands out a tuple.
 
 Lifetime: a graph lives until :meth:`SessionGraphs.drop` (the collector closed the session: the generator registers
-it with :meth:`addon.sessions.SessionRegistry.on_close`), until it is idle for ``idle_s``, or until the cap on token
+it with :meth:`addon.generation.sessions.SessionRegistry.on_close`), until it is idle for ``idle_s``, or until the cap
+on token
 ids held evicts it (least recently used first). A session that calls again after that starts a new graph: its next
 call is rendered in full.
 """
@@ -26,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # types only: addon.splice imports this module
-    from addon.splice import Context, SplicePlan
+from addon.generation.lineage import Context, SplicePlan
+
+if TYPE_CHECKING:
     from converters.canonical import FinishReason, Message
 
 

@@ -6,8 +6,8 @@ Contract
 ``await Runtime.start(config)`` recovers the record store (a crash's write-ahead log becomes a shard), starts the
 internal server, and asks the engines what they serve (model folder, context length). ``harnessrl_engine_url`` names
 one engine or several (comma-separated replicas of one model): the runtime builds an
-:class:`~addon.engine_pool.EnginePool` either way (one URL: a one-engine pool, same behaviour), and every call goes
-through it with its session id (affinity and failover: see :mod:`addon.engine_pool`). The engines may be down at
+:class:`~addon.engine.pool.EnginePool` either way (one URL: a one-engine pool, same behaviour), and every call goes
+through it with its session id (affinity and failover: see :mod:`addon.engine.pool`). The engines may be down at
 start: the proxy still starts, a model call waits for one up to ``harnessrl_engine_wait_s`` (then gets a
 vendor-shaped 503/529 with ``retry-after``), and the runtime binds on the first call that finds one. Once bound, a
 poll every second reads each engine's weight version and up/down/busy state; the admin ``policy_version`` route sets
@@ -25,21 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from addon import tuning
-from addon.aio import spawn
-from addon.base_url import BaseUrlEndpoint
-from addon.config import CaptureConfig
-from addon.engine_client import EngineError
-from addon.engine_pool import EnginePool
-from addon.generate import Generator
-from addon.record_store import RecordStore, StoreConfig
-from addon.render import PromptRenderer
-from addon.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
-from addon.server import InternalServer
-from addon.sessions import SessionRegistry
-from addon.splice import SpliceRenderer
-from addon.stats import Stats
-from addon.tuning import Trimmer
+from addon.engine.client import EngineError
+from addon.engine.pool import EnginePool
+from addon.generation.generate import Generator
+from addon.generation.render import PromptRenderer
+from addon.generation.sessions import SessionRegistry
+from addon.generation.splice import SpliceRenderer
+from addon.generation.stats import Stats
+from addon.records.store import RecordStore, StoreConfig
+from addon.serving import tuning
+from addon.serving.aio import spawn
+from addon.serving.base_url import BaseUrlEndpoint
+from addon.serving.config import CaptureConfig
+from addon.serving.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
+from addon.serving.server import InternalServer
+from addon.serving.tuning import Trimmer
 from converters import dialect_for
 from converters.base import Route, load_json_object
 from converters.canonical import ConversionError

@@ -8,13 +8,13 @@ Contract
   metadata carries :data:`SCHEMA_VERSION`. Bump the version on any change to the fields or their meaning.
 * :func:`to_batch` / :func:`records_from_table` convert between records and Arrow (a one-row record batch is also
   what the write-ahead log stores, so WAL, shards and readers share one conversion).
-* :func:`pack_json` / :func:`unpack_json` (from :mod:`addon.record_json`, re-exported here) make and read the
+* :func:`pack_json` / :func:`unpack_json` (from :mod:`addon.records.blobs`, re-exported here) make and read the
   zstd-compressed JSON of ``request_canonical`` and ``completion_canonical`` (standard zstd frames: ``zstd -d``
-  reads them too); :mod:`addon.record_json` also has the per-message cache that keeps building them cheap.
+  reads them too); :mod:`addon.records.blobs` also has the per-message cache that keeps building them cheap.
 * :func:`read_records` reads every shard of one or many run folders, local or on any pyarrow filesystem, through
   ``pyarrow.dataset``; :func:`iter_sessions` splits such a table into sessions ordered by ``call_index``.
 
-The durable writer is :class:`addon.record_store.RecordStore`. Nothing here imports mitmproxy.
+The durable writer is :class:`addon.records.store.RecordStore`. Nothing here imports mitmproxy.
 
 Layout: schema, typed records, Arrow conversion, readers.
 """
@@ -35,9 +35,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from addon import token_ids
-from addon.record_json import pack_json as pack_json  # re-exported: the blob columns' encoding
-from addon.record_json import unpack_json as unpack_json
+from addon.records import token_ids
+from addon.records.blobs import pack_json as pack_json  # re-exported: the blob columns' encoding
+from addon.records.blobs import unpack_json as unpack_json
 from converters.canonical import WIRE_FORMATS, FinishReason, WireFormat
 
 SCHEMA_VERSION: Final = 2  # 2: engine_wait_ms
@@ -90,7 +90,7 @@ SCHEMA: Final = pa.schema(
 _INT32_MAX = 2**31 - 1
 # The token columns are built over array('i') / array('f') buffers, read as int32 / float32.
 if array("i").itemsize != 4 or array("f").itemsize != 4:
-    raise ImportError("addon.records needs a platform whose C int and float are 4 bytes")
+    raise ImportError("addon.records.schema needs a platform whose C int and float are 4 bytes")
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class TurnTokens:
         except (OverflowError, TypeError) as e:
             raise ValueError(f"completion_logprobs must be float32 numbers: {e}") from e
         # NaN is allowed: it marks a sampled token the engine gave no logprob for (vLLM sends null for a
-        # non-finite value); addon.sequences masks such tokens from training.
+        # non-finite value); addon.records.sequences masks such tokens from training.
         lp = pa.Array.from_buffers(pa.float32(), len(logprobs), [None, pa.py_buffer(logprobs)])
         object.__setattr__(self, "completion_logprobs", tuple(logprobs.tolist()))
         if len(self.completion_ids) != len(self.completion_logprobs):

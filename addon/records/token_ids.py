@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 INT32_MAX = 2**31 - 1
 
 if array("i").itemsize != 4:
-    raise ImportError("addon.token_ids needs a platform whose C int is 4 bytes")
+    raise ImportError("addon.records.token_ids needs a platform whose C int is 4 bytes")
 
 
 def pack(ids: Sequence[int], name: str = "token ids") -> array[int]:

@@ -16,7 +16,8 @@ walking the heap takes a while):
 - ``tracemalloc``: when the process runs with tracing on (``PYTHONTRACEMALLOC=N`` in mitmdump's environment), the
   ``top`` source lines by live bytes; else ``null``.
 
-Nothing here changes state: it reads. :func:`trim` (a separate admin action, and :class:`addon.tuning.Trimmer`) asks
+Nothing here changes state: it reads. :func:`trim` (a separate admin action, and
+:class:`addon.serving.tuning.Trimmer`) asks
 glibc to return free memory to the system and reports the RSS before and after, which tells fragmentation from live
 data.
 """

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from addon.engine_pool import parse_engine_urls
-from addon.generate import SamplingPolicy
-from addon.sessions import Budget, SessionSource, parse_sources
-from addon.tuning import ProcessTuning
+from addon.engine.pool import parse_engine_urls
+from addon.generation.sampling import SamplingPolicy
+from addon.generation.sessions import Budget, SessionSource, parse_sources
+from addon.serving.tuning import ProcessTuning
 
 DEFAULT_HOSTS = "api.anthropic.com,api.openai.com,generativelanguage.googleapis.com"
 
@@ -84,7 +84,7 @@ def add_options(loader) -> None:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    engine_urls: tuple[str, ...]  # one engine, or replicas of one model (see addon.engine_pool)
+    engine_urls: tuple[str, ...]  # one engine, or replicas of one model (see addon.engine.pool)
     model_dir: Path | None
     records_dir: Path
     run_id: str | None

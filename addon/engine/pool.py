@@ -49,7 +49,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal
 
-from addon.engine_client import (
+from addon.engine.client import (
     ClientTimeouts,
     EngineClient,
     EngineConnectTimeout,

@@ -28,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from addon import memory
+from addon.serving import memory
 
 log = logging.getLogger("harnessrl.tuning")
 

@@ -8,12 +8,12 @@ Contract
 --------
 * ``POST /_harnessrl/call`` — the original request body; the addon adds ``x-harnessrl-session`` (attributed
   session), ``x-harnessrl-path`` (original path and query) and ``x-harnessrl-call-id``. The answer is whatever the
-  :class:`~addon.generate.Generator` writes, in the caller's wire format.
+  :class:`~addon.generation.generate.Generator` writes, in the caller's wire format.
 * ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
   flushes a session's records into shards and frees its prefix graph; ``GET /_harnessrl/admin/stats`` — calls/s,
   p50/p99 overhead, errors and the event loop's health (``loop``);
   ``POST /_harnessrl/admin/policy_version`` ``{"version": N}`` — the trainer announces new weights;
-  ``GET /_harnessrl/admin/memory[?top=N][&objects=0]`` — where the memory goes (:mod:`addon.memory`: RSS, the C
+  ``GET /_harnessrl/admin/memory[?top=N][&objects=0]`` — where the memory goes (:mod:`addon.serving.memory`: RSS, the C
   allocator's in-use and free-held bytes, objects by type, the runtime's structures, tracemalloc's top lines when
   tracing; ``objects=0``: only RSS, the allocator and the structures, cheap enough to poll);
   ``POST /_harnessrl/admin/memory/trim`` — return the allocator's free memory to the system (RSS before/after).
@@ -46,15 +46,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
-from addon import memory
-from addon.generate import CallInfo, ResponseSink
-from addon.routes import ModelCall, classify
-from addon.sessions import SessionRegistry
-from addon.stats import Stats
+from addon.generation.generate import CallInfo, ResponseSink
+from addon.generation.sessions import SessionRegistry
+from addon.generation.stats import Stats
+from addon.serving import memory
+from addon.serving.admission import Admitted, Arrival, admit
+from addon.serving.routes import ModelCall
 
 log = logging.getLogger("harnessrl.server")
 
@@ -63,6 +63,7 @@ HEADER_SESSION = "x-harnessrl-session"
 HEADER_PATH = "x-harnessrl-path"
 HEADER_CALL_ID = "x-harnessrl-call-id"
 INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID)
+_NO_LIMIT = 1 << 62  # the internal call route: the front door already checked the body size
 LISTEN_BACKLOG = 4096  # Linux's default somaxconn caps it
 SHUTDOWN_GRACE_S = 5.0  # aiohttp's default (60 s) outlasted ProxyHandle.stop's 20 s, so the store never closed
 
@@ -219,14 +220,16 @@ class InternalServer:
         self._runner = None
 
     async def _call(self, request: web.Request) -> web.StreamResponse:
+        # A front door admitted this call and says where it was going and whose it is (admission once more, with the
+        # session from the front door's header and no size limit: the front door checked the size).
         original = request.headers.get(HEADER_PATH, "")
-        parts = urlsplit(original)
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in INTERNAL_HEADERS}
-        decision = classify("POST", parts.path, dict(parse_qsl(parts.query)), headers)
-        if not isinstance(decision, ModelCall):
+        arrival = Arrival("POST", original, headers, header_session=request.headers.get(HEADER_SESSION))
+        verdict = admit(arrival, ("header",), max_body=_NO_LIMIT)
+        if not isinstance(verdict, Admitted):
             return web.json_response({"error": f"not a model route: {original!r}"}, status=404)
-        session = request.headers.get(HEADER_SESSION, "unattributed")
-        return await self.serve_model_call(request, decision, session, headers, request.headers.get(HEADER_CALL_ID))
+        call_id = request.headers.get(HEADER_CALL_ID)
+        return await self.serve_model_call(request, verdict.call, verdict.session, headers, call_id)
 
     async def serve_model_call(
         self,
