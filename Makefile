@@ -126,7 +126,8 @@ collect: proxy-env engine-env model
 # make train [TASKS=..] [HARNESSES=..] [GROUP_SIZE=G] [ITERATIONS=N] [MAX_TASKS=n] [RUN_ID=id] [TRAIN_ARGS=".."]:
 #   RL (collect -> train -> sync) with TRL's GRPOConfig; defaults here: TASKS=warmup, HARNESSES=mini-swe-agent,
 #   G=4, 2 iterations over all 6 warmup tasks. The same RUN_ID resumes after its last completed iteration. Options:
-#   harnessrl train --help; docs/training.md.
+#   harnessrl train --help; docs/training.md. REPORT_TO=trackio|wandb|tensorboard|none (also make sft; default:
+#   trackio when installed): experiment tracking, docs/training.md.
 .PHONY: train
 train: proxy-env engine-env model
 	@$(ENGINE_CLI) train \
@@ -135,7 +136,8 @@ train: proxy-env engine-env model
 	  --group-size '$(if $(filter file,$(origin GROUP_SIZE)),4,$(GROUP_SIZE))' \
 	  --iterations '$(or $(ITERATIONS),2)' --max-tasks '$(or $(MAX_TASKS),0)' --reward '$(or $(REWARD),fractional)' \
 	  --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' --engine-url '$(ENGINE_URL)' \
-	  --run-dir '$(RUN_DIR)/train/$(or $(RUN_ID),$(shell date +%Y%m%d-%H%M%S))' $(TRAIN_ARGS)
+	  --run-dir '$(RUN_DIR)/train/$(or $(RUN_ID),$(shell date +%Y%m%d-%H%M%S))' \
+	  $(if $(REPORT_TO),--report-to '$(REPORT_TO)') $(TRAIN_ARGS)
 
 # ------------------------------------------------------------------------------------------------ sft, eval, report
 # make sft RUNS="runs/collect/<a> [...]" [MIN_REWARD=r] [SFT_ARGS="--max-steps 50 ..."]: TRL SFT on captured episodes
@@ -157,7 +159,7 @@ EVAL_ARGS   ?=
 sft: engine-env model
 	@[ -n '$(RUNS)' ] || { echo "make sft: set RUNS to one or more collect run dirs" >&2; exit 2; }
 	$(ENGINE_CLI) sft --runs $(RUNS) --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' \
-	  $(if $(MIN_REWARD),--min-reward '$(MIN_REWARD)') $(SFT_ARGS)
+	  $(if $(MIN_REWARD),--min-reward '$(MIN_REWARD)') $(if $(REPORT_TO),--report-to '$(REPORT_TO)') $(SFT_ARGS)
 
 eval: proxy-env engine-env model
 	@if [ -n '$(BEFORE)$(AFTER)' ]; then

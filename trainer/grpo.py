@@ -19,7 +19,8 @@ Contract
 * :class:`CapturedGRPOTrainer` overrides only ``compute_loss`` and ``log`` (public extension points): every logged
   optimizer step carries loss, kl (k3 estimate of KL(behaviour || theta)), clip_ratio, is_ratio_mean/max,
   logprob_diff_mean/max (|captured - recomputed|), tokens_per_s and samples, so ``report_to`` backends and the
-  callbacks see them. :class:`MetricsFileCallback` writes those rows to ``metrics.jsonl`` (main process only).
+  callbacks see them. :class:`MetricsFileCallback` writes those rows to ``metrics.jsonl`` (main process only) and
+  hands each to its ``on_row`` (the loop's :class:`~trainer.tracking.Tracker`, which sums up an iteration's steps).
 * Several processes (``accelerate launch``, DDP): each rank trains on its shard of the same samples and DDP
   averages the gradients. ``dapo``'s normaliser is then the token count of the accumulated batch over *all* ranks
   (the Trainer gathers it when ``average_tokens_across_devices``), so each rank's loss is multiplied by the number
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,10 +270,12 @@ class CapturedGRPOTrainer(Trainer):
 
 
 class MetricsFileCallback(TrainerCallback):
-    """Appends one ``train`` row per logged optimizer step to ``metrics.jsonl`` (format: docs/training.md)."""
+    """Appends one ``train`` row per logged optimizer step to ``metrics.jsonl`` (format: docs/training.md), and
+    passes it to ``on_row`` when given."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_row: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
+        self.on_row = on_row
         self.iteration = 0
         self.step_offset = 0  # optimizer steps of earlier iterations (a Trainer restarts its count per train())
         self.started = time.monotonic()
@@ -291,6 +294,8 @@ class MetricsFileCallback(TrainerCallback):
         }
         row.update({k: float(v) for k, v in logs.items() if isinstance(v, int | float) and k != "epoch"})
         append_metrics(self.path, row)
+        if self.on_row is not None:
+            self.on_row(row)
 
 
 def append_metrics(path: Path, row: dict[str, Any]) -> None:

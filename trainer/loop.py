@@ -22,7 +22,9 @@ Contract
   the checkpoint save; a barrier ends each iteration, so no rank runs ahead of the state file. DeepSpeed and FSDP
   are refused (:func:`check_parallelism`).
 * Metrics rows (``collect``, ``train`` via :class:`~trainer.grpo.MetricsFileCallback`, ``sync``) go to
-  ``metrics.jsonl``.
+  ``metrics.jsonl``, and (main process) to the ``report_to`` backends through :class:`~trainer.tracking.Tracker`:
+  ``collect/*`` and ``sync/*`` per iteration, ``update/*`` (the iteration's optimizer steps summed up) after each
+  ``train()``; transformers' own callbacks log every step. The collect row carries the samples' staleness.
 * The engines: ``run.engine_url`` (one URL or several) is reused; otherwise one engine is started
   (trainer/engine.py) in ``run_dir/engine`` and stopped at the end.
 * :class:`Phases` holds the three steps that reach outside the process (start/find the engines, collect, push the
@@ -47,7 +49,8 @@ from addon.records.schema import read_records, records_from_table
 from tasks.episodes import EpisodeRecord, read_episodes
 from trainer import sync
 from trainer.config import ConfigError, RunConfig, check_grpo_config, scale_rewards_mode, to_json
-from trainer.samples import SampleOptions, SampleSet, build_samples, collect_metrics
+from trainer.samples import SampleOptions, SampleSet, build_samples, collect_metrics, staleness_metrics
+from trainer.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 STATE_FILE = "state.json"
@@ -223,6 +226,7 @@ def train_run(run: RunConfig, args: Any, phases: Phases | None = None, callbacks
     phases = phases or Phases()
     urls: tuple[str, ...] = ()
     started = False
+    tracker = Tracker.for_args(args, run.run_dir, enabled=ranks.is_main_process)
     try:
         if ranks.is_main_process:
             urls, started = phases.start_engines(run)
@@ -231,14 +235,15 @@ def train_run(run: RunConfig, args: Any, phases: Phases | None = None, callbacks
                 f"{len(urls)} engine(s) serve {state.checkpoint} as policy version {state.policy_version} "
                 f"({result.seconds:.2f} s)"
             )
-        callback = MetricsFileCallback(metrics_path)
+        callback = MetricsFileCallback(metrics_path, on_row=tracker.log_row)
         trainer = build_trainer(run, args, state.checkpoint, callback, callbacks)
         if state.iteration and sync.load_optimizer_state(trainer, Path(state.checkpoint)):
             say(f"resumed after iteration {state.iteration} with its optimizer state")
         steps = 0
         for it in range(state.iteration + 1, run.iterations + 1):
-            state, steps = iteration(run, args, urls, trainer, callback, state, it, steps, phases)
+            state, steps = iteration(run, args, urls, trainer, callback, state, it, steps, phases, tracker)
     finally:
+        tracker.close()
         if started:
             from trainer.engine import stop
 
@@ -256,10 +261,12 @@ def iteration(
     it: int,
     steps: int,
     phases: Phases | None = None,
+    tracker: Tracker | None = None,
 ) -> tuple[RunState, int]:
     """One collect -> train -> checkpoint -> sync round; returns the new state and the optimizer steps so far.
 
     Rank 0 collects, syncs and writes the state; every rank trains. ``urls`` is empty on the other ranks.
+    ``tracker`` (rank 0's) gets the iteration's rows.
     """
     from accelerate import PartialState
 
@@ -276,11 +283,11 @@ def iteration(
     # the collect folder is complete before any rank reads it (a failed collect raises on rank 0, and the launcher
     # then stops the ranks waiting here)
     ranks.wait_for_everyone()
-    steps = learn(run, args, trainer, callback, out, version, it, steps, collect_s)
+    steps = learn(run, args, trainer, callback, out, version, it, steps, collect_s, tracker)
     ckpt = checkpoint(trainer, run, it)
     new_state = RunState(it, it, str(ckpt))
     if ranks.is_main_process:
-        publish(run, urls, ckpt, it, phases.push_weights)
+        publish(run, urls, ckpt, it, phases.push_weights, tracker)
         new_state.write(run.run_dir)
         sync.prune_checkpoints(run.run_dir / "checkpoints", args.save_total_limit, keep=ckpt)
     # no rank starts the next iteration (or returns) before the state is written
@@ -298,10 +305,11 @@ def learn(
     it: int,
     steps: int,
     collect_s: float,
+    tracker: Tracker | None = None,
 ) -> int:
     """Every rank: the samples of the collect folder ``out`` (the same on every rank: built from the same files)
-    and ``Trainer.train()`` on them (each rank its shard, DDP averages). Rank 0 logs the collect row.
-    Returns the optimizer steps so far."""
+    and ``Trainer.train()`` on them (each rank its shard, DDP averages). Rank 0 logs the collect row (and, to
+    ``tracker``, the summary of the iteration's steps). Returns the optimizer steps so far."""
     from accelerate import PartialState
 
     from trainer.grpo import append_metrics
@@ -311,8 +319,11 @@ def learn(
     if main:
         row = {"iteration": it, "phase": "collect", "step": None, "wall_s": round(collect_s, 3)}
         row |= collect_metrics(episodes, sampled.stats.zero_variance_groups) | sampled.stats.as_metrics()
+        row |= staleness_metrics(sampled.samples, version)
         row["policy_version"] = version
         append_metrics(run.run_dir / METRICS_FILE, row)
+        if tracker is not None:
+            tracker.log_row(row)
         say(
             f"iteration {it}: reward {row.get('reward_mean', 0):.3f} ± {row.get('reward_std', 0):.3f}, "
             f"{sampled.stats.samples} samples, {sampled.stats.zero_variance_groups}/{sampled.stats.groups} groups "
@@ -329,6 +340,8 @@ def learn(
     callback.begin_iteration(it, steps)
     trainer.reset_step_clock()
     trainer.train()
+    if tracker is not None:
+        tracker.end_update(it)
     return steps + int(trainer.state.global_step)
 
 
@@ -340,8 +353,11 @@ def checkpoint(trainer: Any, run: RunConfig, it: int) -> Path:
 Push = Callable[[Sequence[str], Path, int], sync.SyncResult]
 
 
-def publish(run: RunConfig, urls: Sequence[str], ckpt: Path, it: int, push: Push) -> None:
-    """Rank 0: every engine serves the checkpoint as policy version ``it``; the sync row goes to metrics.jsonl."""
+def publish(
+    run: RunConfig, urls: Sequence[str], ckpt: Path, it: int, push: Push, tracker: Tracker | None = None
+) -> None:
+    """Rank 0: every engine serves the checkpoint as policy version ``it``; the sync row goes to metrics.jsonl
+    (and to ``tracker``)."""
     from trainer.grpo import append_metrics
 
     result = push(urls, ckpt, it)
@@ -356,4 +372,6 @@ def publish(run: RunConfig, urls: Sequence[str], ckpt: Path, it: int, push: Push
         "policy_version": it,
     }
     append_metrics(run.run_dir / METRICS_FILE, row)
+    if tracker is not None:
+        tracker.log_row(row)
     say(f"iteration {it}: {len(urls)} engine(s) serve {ckpt} as policy version {it} (sync {result.seconds:.2f} s)")

@@ -4,7 +4,8 @@ Contract
 --------
 * :func:`build_samples` takes the episodes of a collect and its call records. Per episode it builds the session's
   training sequences with :func:`addon.records.sequences.build_sequences` (one per agent path; the loss mask is 1
-  exactly on the ids the model sampled, the behaviour logprobs are the captured ones) and makes one :class:`Sample` per
+  exactly
+  on the ids the model sampled, the behaviour logprobs are the captured ones) and makes one :class:`Sample` per
   sequence. Auxiliary paths (titles, summaries) are excluded unless ``include_auxiliary``.
 * Advantages are group-normalised rewards over the G rollouts of a group: ``grouping="task"`` groups a task's
   rollouts across harnesses (``task_group_id``), ``"task_harness"`` per task x harness (``group_id``).
@@ -21,7 +22,7 @@ Contract
   older ones. Sequences longer than ``max_length`` are dropped, never cut (a cut would leave half a turn).
   Every drop is counted in :class:`SampleStats`.
 * :func:`collect_metrics` is the ``collect`` row of ``metrics.jsonl`` (reward mean/std, pass@1 and tool calls per
-  harness, zero-variance groups).
+  harness, zero-variance groups); :func:`staleness_metrics` adds the samples' policy-version lag to it.
 
 Imports only the standard library and the stdlib+pyarrow modules of addon/ and tasks/, so it runs in either env.
 """
@@ -239,4 +240,14 @@ def collect_metrics(episodes: Sequence[EpisodeRecord], zero_variance_groups: int
         out[f"pass_at_1/{h}"] = statistics.fmean(float(e.verifier_passed) for e in eps)
         out[f"tool_calls_mean/{h}"] = statistics.fmean(e.stats.tool_call_count for e in eps)
         out[f"reward_mean/{h}"] = statistics.fmean(e.reward for e in eps)
+    return out
+
+
+def staleness_metrics(samples: Sequence[Sample], current_version: int) -> dict[str, float]:
+    """The policy-version lag of the kept samples (``current_version - policy_version``): ``staleness_mean`` and
+    ``staleness_max`` over the versioned samples (absent when there are none), and ``unversioned_samples``."""
+    lags = [current_version - s.policy_version for s in samples if s.policy_version is not None]
+    out = {"unversioned_samples": float(len(samples) - len(lags))}
+    if lags:
+        out |= {"staleness_mean": statistics.fmean(lags), "staleness_max": float(max(lags))}
     return out

@@ -16,7 +16,10 @@ Contract
   ``metrics.jsonl`` (rows ``{"iteration": 1, "phase": "train", "step", "wall_s", ...numeric logs}``, the
   training-run format that ``trainer.report`` reads) and ``checkpoint/`` (``save_pretrained`` model + tokenizer,
   loadable with ``from_pretrained`` and servable by ``trainer.engine``). TRL's own progress bar and ``report_to``
-  backends are used as they are. docs/evaluation.md has the details.
+  backends are used as they are: ``--report-to`` (``$REPORT_TO``) is resolved by
+  :func:`trainer.tracking.resolve_report_to` (``auto``, the default: trackio when installed; ``none``; or
+  trackio/wandb/tensorboard), with ``run_name`` = the run id and ``project`` = ``harnessrl``. docs/evaluation.md
+  has the details.
 
 CLI: ``python -m trainer.sft --runs DIR [DIR ...] [--model M] [--out DIR] [--min-reward R] ...`` (``--help``).
 
@@ -29,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 import uuid
@@ -42,6 +46,7 @@ from addon.records.schema import CallRecord, read_records, records_from_table
 from addon.records.sequences import TrainingSequence, build_sequences
 from tasks.episodes import EpisodeRecord, read_episodes
 from trainer.model import DEFAULT_CACHE_DIR, resolve_model
+from trainer.tracking import resolve_report_to
 
 SFT_ITERATION = 1  # an SFT run is one training phase; metrics rows carry it so report.py reads them like RL rows
 
@@ -86,7 +91,7 @@ class SftConfig:
     grad_accum: int = 1
     max_length: int | None = 8192  # the default model's context; longer paths are cut (keep_start)
     seed: int = 0
-    report_to: str = "none"
+    report_to: str = "auto"  # trainer.tracking.resolve_report_to: auto (trackio when installed), none, or names
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -101,6 +106,7 @@ class SftConfig:
             raise ValueError("epochs and learning_rate must be positive; batch_size and grad_accum at least 1")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        resolve_report_to(self.report_to)  # an unknown or missing backend fails here, before any data is read
 
     @property
     def out_dir(self) -> Path:
@@ -203,7 +209,9 @@ def sft_args(config: SftConfig) -> Any:
         gradient_accumulation_steps=config.grad_accum,
         logging_steps=1,
         save_strategy="no",  # the final model is saved once, to checkpoint/
-        report_to=[] if config.report_to == "none" else config.report_to.split(","),
+        report_to=resolve_report_to(config.report_to),
+        run_name=config.run_id,
+        project="harnessrl",
         seed=config.seed,
         bf16=False,
         dataloader_pin_memory=False,  # no accelerator on CPU: pinning only warns
@@ -304,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--max-length", type=int, default=8192, help="0: no limit")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report-to", default="none", help="TRL/transformers report_to backends, comma-separated")
+    p.add_argument(
+        "--report-to",
+        default=os.environ.get("REPORT_TO") or "auto",
+        help="trackio, wandb, tensorboard (comma-separated), auto (trackio when installed) or none ($REPORT_TO)",
+    )
     return p
 
 

@@ -8,7 +8,11 @@ Contract
   ``--epochs``, ``--report-to``, ``--save-total-limit``), and any other GRPOConfig field passes through
   ``--grpo NAME=VALUE`` (VALUE parsed as JSON when it parses, else taken as a string). A name GRPOConfig does not
   have, or a setting this trainer does not honour, exits with status 2 and a message saying what to change.
-* Environment defaults (``make train``): TASKS, HARNESSES, GROUP_SIZE, ITERATIONS, ENGINE_URL, RUN_ID.
+* ``--report-to`` (``$REPORT_TO``; :func:`trainer.tracking.resolve_report_to`): ``auto`` (default) is trackio when
+  installed, else none; or ``trackio``, ``wandb``, ``tensorboard`` (comma-separated), or ``none``. An unknown name
+  exits with status 2 saying what to write. ``run_name`` defaults to the run folder's name and ``project`` to
+  ``harnessrl`` (``--grpo run_name=...``/``--grpo project=...``), so per-step and per-iteration logs share one run.
+* Environment defaults (``make train``): TASKS, HARNESSES, GROUP_SIZE, ITERATIONS, ENGINE_URL, RUN_ID, REPORT_TO.
   ``--engine-url`` takes one URL or several comma-separated (vLLM replicas; each is synced every iteration).
 * Runs the same under ``accelerate launch --num_processes N -m trainer.train ...`` (DDP; rank 0 collects and
   syncs, every rank trains: trainer/loop.py).
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import ConfigError, RunConfig, default_grpo_config
+from trainer.tracking import resolve_report_to
 
 
 def _env(name: str, default: str) -> str:
@@ -102,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=1, help="per_device_train_batch_size")
     g.add_argument("--grad-accum", type=int, default=8, help="gradient_accumulation_steps")
     g.add_argument("--epochs", type=float, default=1.0, help="num_train_epochs over each iteration's samples")
-    g.add_argument("--report-to", default="none", help="comma-separated TRL/transformers backends, or none")
+    g.add_argument(
+        "--report-to",
+        default=_env("REPORT_TO", "auto"),
+        help="trackio, wandb, tensorboard (comma-separated), auto (trackio when installed) or none ($REPORT_TO)",
+    )
     g.add_argument("--save-total-limit", type=int, default=None, help="keep this many checkpoints")
     g.add_argument("--grpo", action="append", default=[], metavar="NAME=VALUE", help="any other GRPOConfig field")
     return p
@@ -132,7 +141,7 @@ def configs(ns: argparse.Namespace) -> tuple[RunConfig, Any]:
         max_tasks=ns.max_tasks,
         seed=ns.seed,
     )
-    report_to = [] if ns.report_to in ("", "none") else ns.report_to.split(",")
+    report_to = resolve_report_to(ns.report_to)
     overrides: dict[str, Any] = {
         "num_generations": ns.group_size,
         "learning_rate": ns.learning_rate,
@@ -146,6 +155,8 @@ def configs(ns: argparse.Namespace) -> tuple[RunConfig, Any]:
         "report_to": report_to,
         "save_total_limit": ns.save_total_limit,
         "seed": ns.seed,
+        "run_name": run_dir.name,  # transformers' per-step logs and trainer.tracking's per-iteration rows: one run
+        "project": "harnessrl",
     }
     overrides |= parse_grpo_overrides(ns.grpo)
     return run, default_grpo_config(run_dir / "trainer", **overrides)

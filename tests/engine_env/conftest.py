@@ -26,6 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".cache"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _trackio_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Training runs log to trackio by default (trainer.tracking); the tests' runs go to a temporary folder, never to
+    the user's ~/.cache/huggingface/trackio (a test that reads trackio back sets its own)."""
+    old = os.environ.get("TRACKIO_DIR")
+    os.environ["TRACKIO_DIR"] = str(tmp_path_factory.mktemp("trackio"))
+    yield
+    if old is None:
+        os.environ.pop("TRACKIO_DIR", None)
+    else:
+        os.environ["TRACKIO_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     from trainer.model import prepare_default_model
