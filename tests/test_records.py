@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import datasets
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -16,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from addon.records.blobs import unpack_json
 from addon.records.schema import (
     RUN_ID_KEY,
     SCHEMA,
@@ -31,6 +34,7 @@ from addon.records.schema import (
     to_batch,
     to_row,
 )
+from addon.records.store import RecordStore, StoreConfig
 from tests.record_factory import make_record, records
 
 # ------------------------------------------------------------------------------------------------ typed records
@@ -254,3 +258,173 @@ def test_iter_sessions_groups_by_run_and_session_in_call_order(tmp_path: Path) -
         ("run-1", "s1", [0, 1, 2]),
     ]
     assert list(iter_sessions(table.slice(0, 0))) == []
+
+
+# ------------------------------------------------------------------------------------------------ other readers
+# docs/records.md, "Reading records with datasets and duckdb", shows the code these tests run.
+
+RUN = "20261204-101500-3f2a1c"  # a `make collect` run id (tasks/collect.py)
+_NAN = float("nan")
+
+
+def _write_collect_run(run_dir: Path) -> tuple[str, list[CallRecord]]:
+    """A run laid out as `make collect` writes it: one store per proxy under ``records/<proxy>/``, two shards each.
+
+    Returns the glob of its shards and the records written: four sessions of four harnesses and wire formats, one
+    auxiliary call, three NaN logprobs (tokens the engine gave no logprob for) and an empty completion.
+    """
+    plain: dict[str, Any] = {"run_id": RUN, "auxiliary": False, "auxiliary_reason": None}
+    gemini: dict[str, Any] = {
+        "harness": "gemini-cli",
+        "wire_format": "gemini",
+        "route": "/v1beta/models/x:streamGenerateContent",
+    }
+    by_proxy = {
+        "proxy-0": [
+            *(make_record(i, session_id="s-a", prompt_len=20 + i, completion_len=3 + i, **plain) for i in range(2)),
+            make_record(2, run_id=RUN, session_id="s-a", prompt_len=22, completion_len=5),  # auxiliary (a title)
+            make_record(
+                0,
+                session_id="s-b",
+                harness="codex",
+                wire_format="responses",
+                route="/v1/responses",
+                tokens=TurnTokens((1, 2, 3), (4, 5, 6), (-0.5, _NAN, -0.25)),
+                prompt_reused_tokens=0,
+                **plain,
+            ),
+        ],
+        "proxy-1": [
+            make_record(
+                0,
+                session_id="s-c",
+                tokens=TurnTokens(tuple(range(100, 140)), (7, 8, 9, 10), (_NAN, -1.0, _NAN, -0.125)),
+                **gemini,
+                **plain,
+            ),
+            make_record(1, session_id="s-c", completion_len=0, **gemini, **plain),
+            make_record(0, session_id="s-d", harness="pi", wire_format="chat", route="/v1/chat/completions", **plain),
+        ],
+    }
+    for proxy, recs in by_proxy.items():
+        with RecordStore.open(run_dir / "records" / proxy, RUN, StoreConfig(shard_rows=2)) as store:
+            for rec in recs:
+                store.append(rec)
+    return str(run_dir / "records" / "*" / "shard-*.parquet"), [r for recs in by_proxy.values() for r in recs]
+
+
+def _nan_as_none(values: Any) -> list[Any]:
+    """NaN compares unequal to itself; as None, two lists of logprobs compare by value."""
+    return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def test_a_runs_shards_load_with_hugging_face_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shards, written = _write_collect_run(tmp_path / "runs" / "collect" / RUN)
+    assert len(list((tmp_path / "runs").rglob("shard-*.parquet"))) == 4
+    cache = tmp_path / "hf-cache"
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # no network here; datasets reads these at import
+        monkeypatch.setenv(name, "1")
+        monkeypatch.setattr(datasets.config, name, True)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+
+    ds = datasets.load_dataset("parquet", data_files=shards, split="train", cache_dir=str(cache))
+
+    assert ds.num_rows == len(written) == 7
+    assert ds.column_names == SCHEMA.names
+    assert ds.features == datasets.Features.from_arrow_schema(SCHEMA)  # int32 ids, float32 logprobs, UTC, binary
+    rows = {row["call_id"]: row for row in ds}
+    assert sorted(rows) == sorted(r.call_id for r in written)
+    for rec in written:
+        row, expected = rows[rec.call_id], to_batch([rec]).to_pylist()[0]
+        assert row["prompt_ids"] == list(rec.tokens.prompt_ids)
+        assert row["completion_ids"] == list(rec.tokens.completion_ids)
+        assert _nan_as_none(row["completion_logprobs"]) == _nan_as_none(rec.tokens.completion_logprobs)
+        others = [n for n in SCHEMA.names if n != "completion_logprobs"]
+        assert {n: row[n] for n in others} == {n: expected[n] for n in others}
+        assert unpack_json(row["request_canonical"]) == unpack_json(rec.request_canonical)  # zstd JSON, as bytes
+    assert sum(math.isnan(lp) for row in ds for lp in row["completion_logprobs"]) == 3
+    assert ds.filter(lambda r: not r["auxiliary"]).num_rows == 6
+    assert list(cache.rglob("*.arrow")), "load_dataset keeps an Arrow copy of the shards in cache_dir"
+
+
+def _duckdb_rows(query: str) -> list[tuple[Any, ...]]:
+    """``duckdb.sql(query).fetchall()``: ``sql`` gives None only for a statement without rows; no ``fetchone`` in 2."""
+    relation = duckdb.sql(query)
+    assert relation is not None
+    return relation.fetchall()
+
+
+def test_a_runs_shards_query_with_duckdb(tmp_path: Path) -> None:
+    shards, written = _write_collect_run(tmp_path / "runs" / "collect" / RUN)
+
+    def expected(key: str) -> list[tuple[str, int, int]]:
+        groups: dict[str, list[CallRecord]] = {}
+        for rec in written:
+            groups.setdefault(getattr(rec, key), []).append(rec)
+        return [(k, len(g), sum(len(r.tokens.completion_ids) for r in g)) for k, g in sorted(groups.items())]
+
+    for key in ("session_id", "wire_format", "harness"):
+        got = _duckdb_rows(
+            f"""
+            select {key}, count(*) as calls, sum(len(completion_ids)) as completion_tokens
+            from read_parquet('{shards}')
+            group by {key} order by {key}
+            """
+        )
+        assert got == expected(key), key
+    per_harness = _duckdb_rows(
+        f"""
+        select harness, wire_format, count(*) as calls, count(distinct session_id) as sessions,
+               sum(len(prompt_ids)) as prompt_tokens, sum(len(completion_ids)) as completion_tokens,
+               round(avg(len(completion_ids)), 1) as mean_completion, max(len(completion_ids)) as max_completion
+        from read_parquet('{shards}')
+        where not auxiliary
+        group by all order by all
+        """
+    )
+    groups: dict[tuple[str, str], list[CallRecord]] = {}
+    for rec in written:
+        if not rec.auxiliary:
+            groups.setdefault((rec.harness, rec.wire_format), []).append(rec)
+    assert per_harness == [
+        (
+            *key,
+            len(g),
+            len({r.session_id for r in g}),
+            sum(len(r.tokens.prompt_ids) for r in g),
+            sum(len(r.tokens.completion_ids) for r in g),
+            round(sum(len(r.tokens.completion_ids) for r in g) / len(g), 1),
+            max(len(r.tokens.completion_ids) for r in g),
+        )
+        for key, g in sorted(groups.items())
+    ]
+    assert per_harness[0][:3] == ("claude-code", "anthropic", 2)  # the auxiliary call is left out
+    files = _duckdb_rows(f"select count(distinct filename) from read_parquet('{shards}', filename = true)")
+    assert files == [(4,)]  # every shard of both proxies
+
+    missing = _duckdb_rows(
+        f"""
+        select call_id, len(list_filter(completion_logprobs, lambda lp: isnan(lp))) as missing_logprobs
+        from read_parquet('{shards}')
+        where missing_logprobs > 0
+        order by call_id
+        """
+    )
+    assert missing == [(f"{RUN}/s-b/call-0", 1), (f"{RUN}/s-c/call-0", 2)]
+    [unnested] = _duckdb_rows(
+        f"""
+        select count(*) filter (where isnan(lp)) as missing, count(*) as sampled
+        from (select unnest(completion_logprobs) as lp from read_parquet('{shards}'))
+        """
+    )
+    assert unnested == (3, sum(len(r.tokens.completion_ids) for r in written))
+
+    [(blob, seed)] = _duckdb_rows(
+        f"""
+        select request_canonical, sampling_applied ->> '$.seed' from read_parquet('{shards}')
+        where call_id = '{RUN}/s-a/call-2'
+        """
+    )
+    assert isinstance(blob, bytes) and unpack_json(blob) == {"messages": [{"role": "user", "text": "list files 2"}]}
+    assert seed == "2"  # JSON text columns: ->> extracts a value as text
