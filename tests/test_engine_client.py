@@ -28,6 +28,7 @@ from addon.engine.client import (
     EngineError,
     EngineTimeout,
     EngineUnavailable,
+    EngineUsage,
     GenerationChunk,
     GenerationRequest,
     Grammar,
@@ -35,7 +36,6 @@ from addon.engine.client import (
     MalformedResponse,
     Regex,
     StructuredOutput,
-    Usage,
     coalesce,
     completion_payload,
     error_from_body,
@@ -161,7 +161,7 @@ async def test_events_that_arrive_in_separate_reads_are_yielded_as_they_come() -
 
 
 def test_coalesce_merges_up_to_the_end_of_a_choice_and_keeps_usage_apart() -> None:
-    usage = Usage(3, 3)
+    usage = EngineUsage(3, 3)
     chunks = [
         GenerationChunk((1,), (-0.1,), "x"),
         GenerationChunk((2,), (-0.2,), "y"),

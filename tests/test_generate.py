@@ -276,7 +276,6 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
         pool = EnginePool([client])
         await pool.bind()
         gen = Generator(
-            renderer=renderer,
             splicer=SpliceRenderer(renderer),
             engine=pool,
             store=store,

@@ -31,8 +31,8 @@ from typing import Any, Final, Literal
 
 from addon.records import token_ids
 
-FinishReason = Literal["stop", "length", "abort", "error", "repetition"]
-FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort", "error", "repetition"})
+EngineFinishReason = Literal["stop", "length", "abort", "error", "repetition"]
+ENGINE_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort", "error", "repetition"})
 PauseMode = Literal["abort", "wait", "keep"]
 
 
@@ -116,7 +116,7 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class Usage:
+class EngineUsage:
     prompt_tokens: int
     completion_tokens: int
 
@@ -128,9 +128,9 @@ class GenerationChunk:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     text: str
-    finish_reason: FinishReason | None = None
+    finish_reason: EngineFinishReason | None = None
     stop_reason: int | str | None = None  # the stop token id or string that ended it; None for EOS/length
-    usage: Usage | None = None
+    usage: EngineUsage | None = None
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,9 @@ class GenerationResult:
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     text: str
-    finish_reason: FinishReason
+    finish_reason: EngineFinishReason
     stop_reason: int | str | None
-    usage: Usage
+    usage: EngineUsage
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,7 @@ def parse_choice(choice: Any) -> GenerationChunk:
     if not all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)) for x in lps):
         raise MalformedResponse(f"a sampled token's logprob is not a number: {lps!r}")
     finish = choice.get("finish_reason")
-    if finish is not None and finish not in FINISH_REASONS:
+    if finish is not None and finish not in ENGINE_FINISH_REASONS:
         raise MalformedResponse(f"unknown finish_reason {finish!r}")
     text = choice.get("text", "")
     if not isinstance(text, str):
@@ -325,11 +325,11 @@ def parse_choice(choice: Any) -> GenerationChunk:
     return GenerationChunk(tuple(ids), logprobs, text, finish, choice.get("stop_reason"))
 
 
-def parse_usage(obj: Any) -> Usage:
+def parse_usage(obj: Any) -> EngineUsage:
     if not isinstance(obj, dict):
         raise MalformedResponse(f"usage is missing or not an object: {obj!r}")
     try:
-        return Usage(int(obj["prompt_tokens"]), int(obj["completion_tokens"]))
+        return EngineUsage(int(obj["prompt_tokens"]), int(obj["completion_tokens"]))
     except (KeyError, TypeError, ValueError) as e:
         raise MalformedResponse(f"usage lacks token counts: {obj!r}") from e
 
@@ -347,9 +347,9 @@ def accumulate(chunks: Iterable[GenerationChunk], prompt_ids: tuple[int, ...]) -
     ids: list[int] = []
     lps: list[float] = []
     text: list[str] = []
-    finish: FinishReason | None = None
+    finish: EngineFinishReason | None = None
     stop_reason: int | str | None = None
-    usage: Usage | None = None
+    usage: EngineUsage | None = None
     for c in chunks:
         if finish is not None and c.token_ids:
             raise MalformedResponse("tokens arrived after the finish_reason")

@@ -3,7 +3,7 @@ events -> wire bytes, and one :class:`~addon.records.schema.CallRecord`.
 
 Contract
 --------
-:class:`Generator` is built once per proxy process with its collaborators (renderer, engine pool, record store,
+:class:`Generator` is built once per proxy process with its collaborators (splice renderer, engine pool, record store,
 session registry, stats). ``await handle(call, body, sink)`` answers one call on ``sink`` and never raises: every
 failure becomes an answer in the caller's own wire format (a vendor error body before the stream starts, the
 format's in-stream error event after). Streaming is real: each sampled chunk is parsed and encoded as it arrives.
@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
 from addon.engine.pool import EnginePool, NoEngine
 from addon.generation.parser import OutputParser, ParserSpec
-from addon.generation.render import PromptRenderer
 from addon.generation.sampling import SamplingPolicy, engine_sampling, forced_tool_call
 from addon.generation.sessions import SessionRegistry
 from addon.generation.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
@@ -114,7 +113,6 @@ class Generator:
     def __init__(
         self,
         *,
-        renderer: PromptRenderer,
         splicer: SpliceRenderer,
         engine: EnginePool,
         store: RecordStore,
@@ -128,7 +126,6 @@ class Generator:
         force_tool_calls: bool = False,
     ) -> None:
         self.force_tool_calls = force_tool_calls
-        self.renderer = renderer
         self.splicer = splicer
         self.graphs = SessionGraphs()  # per-session prefix graphs: token-faithful splicing, cost ~ new suffix
         sessions.on_close(self.graphs.drop)  # a session the collector closed frees its graph at once, not when idle

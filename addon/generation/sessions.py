@@ -97,7 +97,7 @@ class Budget:
 
 
 @dataclass
-class SessionState:
+class SessionCounters:
     id: str
     started: float
     last_active: float
@@ -116,18 +116,18 @@ class SessionRegistry:
     def __init__(self, budget: Budget, clock=time.monotonic) -> None:
         self.budget = budget
         self._clock = clock
-        self._sessions: dict[str, SessionState] = {}
+        self._sessions: dict[str, SessionCounters] = {}
         self._on_close: list[Callable[[str], object]] = []
 
     def on_close(self, callback: Callable[[str], object]) -> None:
         """Call ``callback(session_id)`` whenever a session is closed (to free what is kept per session)."""
         self._on_close.append(callback)
 
-    def get(self, session_id: str) -> SessionState:
+    def get(self, session_id: str) -> SessionCounters:
         state = self._sessions.get(session_id)
         if state is None:
             now = self._clock()
-            state = self._sessions[session_id] = SessionState(session_id, started=now, last_active=now)
+            state = self._sessions[session_id] = SessionCounters(session_id, started=now, last_active=now)
         return state
 
     def begin_call(self, session_id: str) -> tuple[int, str | None]:
@@ -147,7 +147,7 @@ class SessionRegistry:
         state.errors += int(error)
         state.last_active = self._clock()
 
-    def close(self, session_id: str) -> SessionState | None:
+    def close(self, session_id: str) -> SessionCounters | None:
         state = self._sessions.get(session_id)
         if state is not None:
             state.closed = True
@@ -158,10 +158,10 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def snapshot(self) -> list[SessionState]:
+    def snapshot(self) -> list[SessionCounters]:
         return list(self._sessions.values())
 
-    def _budget_reason(self, state: SessionState) -> str | None:
+    def _budget_reason(self, state: SessionCounters) -> str | None:
         b = self.budget
         # The call being begun is number state.calls; more than max_calls calls is over budget.
         if b.max_calls is not None and state.calls > b.max_calls:

@@ -141,7 +141,6 @@ class Runtime:
             self.served_model = info.id
             self.max_model_len = info.max_model_len or _context_from_config(model_dir)
             self.generator = Generator(
-                renderer=self.renderer,
                 splicer=splicer,
                 engine=self.engine,
                 store=self.store,
