@@ -119,7 +119,7 @@ status:
 
 # Starts (or reuses) the engine and the proxies it needs; installs the harnesses on first use.
 collect: proxy-env engine-env model
-	@$(PROXY_PY) -m tasks.collect --tasks '$(TASKS)' --harnesses '$(HARNESSES)' --group-size '$(GROUP_SIZE)' \
+	@$(PROXY_CLI) collect --tasks '$(TASKS)' --harnesses '$(HARNESSES)' --group-size '$(GROUP_SIZE)' \
 	  --model '$(MODEL)' --cache-dir '$(CACHE_DIR)' --engine-run-dir '$(RUN_DIR)/engine' --engine-url '$(ENGINE_URL)'
 
 # ------------------------------------------------------------------------------------------------ training
@@ -141,9 +141,11 @@ train: proxy-env engine-env model
 
 # ------------------------------------------------------------------------------------------------ sft, eval, report
 # make sft RUNS="runs/collect/<a> [...]" [MIN_REWARD=r] [SFT_ARGS="--max-steps 50 ..."]: TRL SFT on captured episodes
-# make eval RUN=runs/train/<id> | CHECKPOINT=<dir>: pass@1 + tool calls, base vs checkpoint, held-out split of
-#   EVAL_TASKS (ENGINE_URL, if set, serves the base); make eval BEFORE=<collect dir> AFTER=<collect dir> OUT=<dir>
-#   only compares two collects. make report RUN=<run dir>: plots + HTML page of metrics.jsonl (and eval/).
+# make eval RUN=runs/train/<id> | CHECKPOINT=<dir>: the cross-harness table (pass@1, mean reward, tool calls per
+#   harness with 95% intervals, base vs checkpoint, printed and in OUT/comparison.md) on the held-out split of
+#   EVAL_TASKS (ENGINE_URL, if set, serves the base); the trained harnesses (transfer table) come from RUN's
+#   config.json or TRAINED_HARNESSES=a,b. make eval BEFORE=<collect dir> AFTER=<collect dir> OUT=<dir> only compares
+#   two collects. make report RUN=<run dir>: plots + HTML page of metrics.jsonl (and eval/).
 .PHONY: sft eval report
 RUNS        ?=
 RUN         ?=
@@ -163,16 +165,76 @@ sft: engine-env model
 
 eval: proxy-env engine-env model
 	@if [ -n '$(BEFORE)$(AFTER)' ]; then
-	  $(ENGINE_CLI) eval compare --before '$(BEFORE)' --after '$(AFTER)' --out '$(or $(OUT),$(AFTER)/../eval)'
+	  $(ENGINE_CLI) eval compare --before '$(BEFORE)' --after '$(AFTER)' --out '$(or $(OUT),$(AFTER)/../eval)' \
+	    $(if $(TRAINED_HARNESSES),--trained-harnesses '$(TRAINED_HARNESSES)')
 	else
 	  $(ENGINE_CLI) eval run $(if $(RUN),--run '$(RUN)') $(if $(CHECKPOINT),--checkpoint '$(CHECKPOINT)') \
 	    $(if $(OUT),--out '$(OUT)') --base '$(MODEL)' --cache-dir '$(CACHE_DIR)' --tasks '$(EVAL_TASKS)' \
-	    --harnesses '$(HARNESSES)' --engine-url '$(ENGINE_URL)' $(EVAL_ARGS)
+	    --harnesses '$(HARNESSES)' --engine-url '$(ENGINE_URL)' \
+	    $(if $(TRAINED_HARNESSES),--trained-harnesses '$(TRAINED_HARNESSES)') $(EVAL_ARGS)
 	fi
 
 report: engine-env
 	@[ -n '$(RUN)' ] || { echo "make report: set RUN to a run dir (runs/train/<id>)" >&2; exit 2; }
 	$(ENGINE_CLI) report '$(RUN)'
+
+# ------------------------------------------------------------------------------------------------ GPU recipe
+# make train-gpu-recipe [MODEL=<hub id|folder>] [TEACHER=..] [RECIPE_ITERATIONS=N] [RECIPE_ID=id] [RECIPE_...=..]:
+#   the seed's setup on one CUDA GPU, NOT yet run on a GPU (docs/gpu.md: the steps, estimated time and memory, and
+#   the tables it writes). Held-out split of RECIPE_TASKS; teacher rollouts -> SFT baseline; RL with the tool-call
+#   bonus (reward tool_shaping) on RECIPE_RL_HARNESSES; the cross-harness eval of both checkpoints on the held-out
+#   tasks under RECIPE_HARNESSES. Everything goes to $(RUN_DIR)/gpu-recipe/<id>/.
+.PHONY: train-gpu-recipe
+RECIPE_MODEL          = $(if $(filter file,$(origin MODEL)),Qwen/Qwen2.5-Coder-3B-Instruct,$(MODEL))
+TEACHER              ?= Qwen/Qwen2.5-Coder-14B-Instruct
+RECIPE_HARNESSES     ?= mini-swe-agent,opencode,claude-code,codex
+RECIPE_RL_HARNESSES  ?= $(RECIPE_HARNESSES)
+RECIPE_TASKS         ?= all
+RECIPE_G             ?= 4
+RECIPE_ITERATIONS    ?= 10
+RECIPE_CONCURRENCY   ?= 16
+RECIPE_MAX_CALLS     ?= 30
+RECIPE_KV_GIB        ?= 24
+RECIPE_SFT_MAX_LENGTH ?= 16384
+RECIPE_ID            ?=
+
+train-gpu-recipe: proxy-env engine-env
+	@[ '$(DEVICE)' = cuda ] || { echo "make train-gpu-recipe: needs a CUDA GPU (DEVICE=$(DEVICE)); docs/gpu.md" >&2; exit 2; }
+	id='$(RECIPE_ID)'; [ -n "$$id" ] || id=$$(date +%Y%m%d-%H%M%S)
+	out='$(RUN_DIR)/gpu-recipe'/"$$id"; mkdir -p "$$out"
+	unset ENGINE_URL; export MAX_CALLS='$(RECIPE_MAX_CALLS)'  # collect's per-episode call budget, every collect
+	folder() {  # vLLM, the proxy's tokenizer and the weight reloads all want a local folder: fetch a hub id once
+	  if [ -d "$$1" ]; then echo "$$1"; return; fi
+	  d='$(CACHE_DIR)'/hf/"$${1//\//--}"; [ -f "$$d/config.json" ] || $(ENGINE_VENV)/bin/hf download "$$1" --local-dir "$$d" >&2
+	  echo "$$d"
+	}
+	stop() { $(ENGINE_CLI) stop --run-dir "$$1" >/dev/null 2>&1 || true; }
+	trap 'stop "$$out/engine-teacher"; stop "$$out/engine"' EXIT
+	model=$$(folder '$(RECIPE_MODEL)'); teacher=$$(folder '$(TEACHER)')
+	tasks=$$($(ENGINE_CLI) eval split --tasks '$(RECIPE_TASKS)' --split train --out "$$out/train-tasks")
+	echo "== 1/4 teacher rollouts ($$teacher) on the train split" >&2
+	url=$$($(ENGINE_CLI) serve --model "$$teacher" --port 0 --cache-dir '$(CACHE_DIR)' --run-dir "$$out/engine-teacher")
+	$(PROXY_CLI) collect --tasks "$$tasks" --harnesses '$(RECIPE_HARNESSES)' --group-size '$(RECIPE_G)' \
+	  --concurrency '$(RECIPE_CONCURRENCY)' --reward tool_shaping --engine-url "$$url" --run-dir "$$out/teacher"
+	stop "$$out/engine-teacher"
+	echo "== 2/4 SFT baseline on the teacher's passing rollouts" >&2
+	$(ENGINE_CLI) sft --runs "$$out/teacher" --model "$$model" --cache-dir '$(CACHE_DIR)' --out "$$out/sft" \
+	  --max-length '$(RECIPE_SFT_MAX_LENGTH)' $(if $(REPORT_TO),--report-to '$(REPORT_TO)') $(SFT_ARGS)
+	echo "== 3/4 RL on $(RECIPE_RL_HARNESSES), tool-call bonus, engine beside the trainer" >&2
+	url=$$($(ENGINE_CLI) serve --model "$$model" --port 0 --cache-dir '$(CACHE_DIR)' --run-dir "$$out/engine" \
+	  --kv-cache-gib '$(RECIPE_KV_GIB)')
+	$(ENGINE_CLI) train --tasks "$$tasks" --harnesses '$(RECIPE_RL_HARNESSES)' --group-size '$(RECIPE_G)' \
+	  --iterations '$(RECIPE_ITERATIONS)' --reward tool_shaping --model "$$model" --cache-dir '$(CACHE_DIR)' \
+	  --engine-url "$$url" --run-dir "$$out/rl" --concurrency '$(RECIPE_CONCURRENCY)' --max-length 32768 \
+	  --learning-rate 1e-6 --save-total-limit 2 --grpo gradient_checkpointing=true \
+	  $(if $(REPORT_TO),--report-to '$(REPORT_TO)') $(TRAIN_ARGS)
+	stop "$$out/engine"
+	echo "== 4/4 cross-harness eval of the RL and the SFT checkpoints on the held-out split" >&2
+	for run in rl sft; do
+	  $(ENGINE_CLI) eval run --run "$$out/$$run" --base "$$model" --cache-dir '$(CACHE_DIR)' --tasks '$(RECIPE_TASKS)' \
+	    --harnesses '$(RECIPE_HARNESSES)' --group-size '$(RECIPE_G)' --max-calls '$(RECIPE_MAX_CALLS)' $(EVAL_ARGS)
+	done
+	echo "train-gpu-recipe: tables in $$out/rl/eval/comparison.md and $$out/sft/eval/comparison.md"
 
 # ------------------------------------------------------------------------------------------------ tests
 

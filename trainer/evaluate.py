@@ -1,4 +1,5 @@
-"""Evaluation: pass@1 and mean tool calls per harness on a held-out task split, before and after training.
+"""Evaluation: the cross-harness table (pass@1, mean reward, tool calls per harness) on a held-out task split,
+before and after training, and the transfer from the trained harnesses to the others.
 
 Contract
 --------
@@ -7,21 +8,25 @@ Contract
   the same on every machine, for every subset, and adding tasks never moves an existing one. :func:`split_tasks`
   applies it to a :class:`~tasks.taskset.TaskSet` (``heldout``, ``train`` or ``all``); the training loop uses
   ``split_tasks(tasks, "train")`` to keep the held-out tasks out of training. An empty selection is an error.
+  The ``split`` command writes one side of the split as a task folder (what ``--tasks`` of collect/train reads).
 * The comparison lives in :mod:`trainer.comparison` (re-exported here, where callers import it from):
-  :func:`compare` (pure; per harness, then ``all``: pass@1 and mean tool calls before and after, and the shaping
-  effect on the (task, harness) pairs solved both before and after) and :func:`write_comparison` (the table, JSON
-  and two PNG bar charts with 95% intervals, :data:`COMPARISON_FILES`).
+  :func:`compare` (pure; per harness, then ``all``: pass@1, mean reward and mean tool calls before and after with
+  95% intervals, their changes, the shaping effect), :func:`transfer` (trained vs other harnesses) and
+  :func:`write_comparison` (tables, JSON and PNG bar charts, :data:`COMPARISON_FILES`).
+* The trained harnesses (marked in the table, and the transfer table): ``--trained-harnesses``, else with
+  ``--run`` :func:`trained_harnesses` reads the run's ``config.json`` (a training run's ``run.harnesses``; an SFT
+  run's kept episodes' harnesses).
 * :func:`evaluate` (the ``run`` command): serves the base model (``engine_url``, or an engine it starts) and the
   checkpoint (an engine of its own started with ``trainer.engine serve --port 0``, or ``serve="reload"``: the
   weights reloaded into ``engine_url`` and the base weights reloaded at the end), runs ``tasks.collect`` as a
   subprocess in the proxy env on the split for each (``out/before``, ``out/after``), then writes the comparison.
   With ``--run`` (a training run dir) the checkpoint comes from its ``state.json``, the output goes to
-  ``RUN/eval`` and one ``phase: eval`` row is appended to ``RUN/metrics.jsonl``.
-* The ``compare`` command only reads two collect run dirs and writes the comparison (seconds).
+  ``RUN/eval`` and one ``phase: eval`` row is appended to ``RUN/metrics.jsonl``. It prints ``comparison.md``.
+* The ``compare`` command only reads two collect run dirs and writes (and prints) the comparison (seconds).
 
-CLI: ``python -m trainer.evaluate run|compare --help``.
+CLI: ``python -m trainer.evaluate run|compare|split --help``.
 
-Layout: split, serving, collect, run, CLI.
+Layout: split, trained harnesses, serving, collect, run, CLI.
 """
 
 from __future__ import annotations
@@ -46,14 +51,21 @@ from tasks.taskset import TaskSet, builtin_taskset, load_taskset
 # ``name as name``: re-exported, so code and tests that import the comparison from trainer.evaluate keep working.
 from trainer.comparison import COLUMNS as COLUMNS
 from trainer.comparison import COMPARISON_FILES as COMPARISON_FILES
+from trainer.comparison import METRICS as METRICS
+from trainer.comparison import SHAPING_COLUMNS as SHAPING_COLUMNS
+from trainer.comparison import TRANSFER_COLUMNS as TRANSFER_COLUMNS
+from trainer.comparison import Change as Change
 from trainer.comparison import HarnessComparison as HarnessComparison
 from trainer.comparison import Side as Side
+from trainer.comparison import Transfer as Transfer
 from trainer.comparison import compare as compare
 from trainer.comparison import compare_dirs as compare_dirs
 from trainer.comparison import comparison_figures as comparison_figures
 from trainer.comparison import comparison_json as comparison_json
 from trainer.comparison import comparison_markdown as comparison_markdown
+from trainer.comparison import difference as difference
 from trainer.comparison import eval_metrics_row as eval_metrics_row
+from trainer.comparison import transfer as transfer
 from trainer.comparison import write_comparison as write_comparison
 
 Split = Literal["heldout", "train", "all"]
@@ -102,6 +114,34 @@ def task_folder(tasks: TaskSet, dest: Path) -> Path:
         if not link.exists():
             link.symlink_to(task.path, target_is_directory=True)
     return dest
+
+
+# ------------------------------------------------------------------------------------------------ trained harnesses
+
+
+def trained_harnesses(run: Path) -> tuple[str, ...]:
+    """The harnesses a run trained on, from its ``config.json``: a training run's ``run.harnesses``; an SFT run's
+    (``runs`` + ``filter``) harnesses of the episodes its filter keeps (passed, or ``reward >= min_reward``; never a
+    collector error). A run dir without config.json, or of neither kind, is an error."""
+    config = json.loads((run / "config.json").read_text())
+    if "run" in config and config["run"].get("harnesses"):
+        return tuple(config["run"]["harnesses"])
+    if "runs" in config:
+        min_reward = (config.get("filter") or {}).get("min_reward")
+        kept = [
+            e.harness
+            for d in config["runs"]
+            for e in read_episodes(Path(d) / "episodes.parquet")
+            if e.error is None and (e.verifier_passed if min_reward is None else e.reward >= min_reward)
+        ]
+        return tuple(dict.fromkeys(kept))
+    raise ValueError(
+        f"{run}/config.json names no harnesses (neither a training nor an SFT run); use --trained-harnesses"
+    )
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(h.strip() for h in (text or "").split(",") if h.strip())
 
 
 # ------------------------------------------------------------------------------------------------ serving
@@ -171,6 +211,7 @@ class EvalConfig:
     cache_dir: Path = Path(".cache")
     proxy_python: Path = PROXY_PYTHON
     collect_args: tuple[str, ...] = field(default=())
+    trained_harnesses: tuple[str, ...] = ()  # marked in the table; the transfer table compares them to the rest
 
     def __post_init__(self) -> None:
         if self.serve == "reload" and not self.engine_url:
@@ -225,8 +266,8 @@ def evaluate(config: EvalConfig, log: Any = sys.stderr) -> list[HarnessCompariso
         after = run_collect(config, tasks_dir, url, config.out / "after")
     labels = (f"base {config.base}", f"checkpoint {config.checkpoint}")
     described = f"{config.split} split of {config.tasks} ({', '.join(t.id for t in tasks)})"
-    rows = write_comparison(config.out, before, after, labels, described)
-    print(comparison_markdown(rows, labels, described), file=log)
+    rows = write_comparison(config.out, before, after, labels, described, config.trained_harnesses)
+    print((config.out / "comparison.md").read_text(), file=log)
     return rows
 
 
@@ -252,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--before", type=Path, required=True)
     c.add_argument("--after", type=Path, required=True)
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument(
+        "--trained-harnesses", default="", help="comma-separated: the harnesses the 'after' model trained on"
+    )
     r = sub.add_parser("run", help="collect with the base model and a checkpoint on the held-out split, compare")
     r.add_argument("--run", type=Path, default=None, help="a training run dir (checkpoint from its state.json)")
     r.add_argument("--checkpoint", type=Path, default=None)
@@ -268,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-calls", type=int, default=8)
     r.add_argument("--timeout", type=float, default=None)
     r.add_argument("--cache-dir", type=Path, default=Path(".cache"))
+    r.add_argument(
+        "--trained-harnesses", default=None, help="comma-separated (default: from --run's config.json; else none)"
+    )
+    s = sub.add_parser("split", help="write one side of the held-out split as a task folder; print its path")
+    s.add_argument("--tasks", default="easy")
+    s.add_argument("--split", choices=SPLITS, default="train")
+    s.add_argument("--fraction", type=float, default=HELDOUT_FRACTION)
+    s.add_argument("--out", type=Path, required=True)
     return p
 
 
@@ -275,16 +327,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "compare":
-            print(comparison_markdown(compare_dirs(args.before, args.after, args.out)))
+            compare_dirs(args.before, args.after, args.out, _names(args.trained_harnesses))
+            print((args.out / "comparison.md").read_text())
+            return 0
+        if args.command == "split":
+            print(task_folder(split_tasks(load_tasks(args.tasks), args.split, args.fraction), args.out).resolve())
             return 0
         checkpoint, out, iteration = _run_paths(args)
+        trained = _names(args.trained_harnesses)
+        if args.trained_harnesses is None and args.run is not None:
+            trained = trained_harnesses(args.run)
         started = time.monotonic()
         rows = evaluate(
             EvalConfig(
                 checkpoint=checkpoint, out=out, base=args.base, tasks=args.tasks, split=args.split,
                 fraction=args.fraction, harnesses=tuple(h for h in args.harnesses.split(",") if h),
                 group_size=args.group_size, engine_url=args.engine_url, serve=args.serve, seed=args.seed,
-                max_calls=args.max_calls, timeout_s=args.timeout, cache_dir=args.cache_dir,
+                max_calls=args.max_calls, timeout_s=args.timeout, cache_dir=args.cache_dir, trained_harnesses=trained,
             )
         )  # fmt: skip
         if args.run is not None:

@@ -1,6 +1,7 @@
 """trainer/evaluate.py and trainer/comparison.py (through evaluate's re-exports): the held-out split, the
-before/after comparison math (incl. the solved-both subset), its outputs, and the fast ``compare`` command on
-crafted collect run dirs."""
+before/after comparison math (incl. the solved-both subset), its outputs, the trained harnesses read from a run's
+config.json, and the fast ``compare`` and ``split`` commands on crafted collect run dirs. The cross-harness
+aggregation (intervals, transfer) is checked number by number in tests/test_comparison.py."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_a_harness_on_one_side_only() -> None:
     rows = {r.harness: r for r in ev.compare([ep("a", "pi", True, 3)], [ep("a", "codex", True, 1)])}
     assert rows["pi"].after == ev.Side(0, None, None)
     assert rows[ALL].solved_both == 0  # same task, different harness: not the same pair
-    assert "| pi | 1 | 0 | 1.000 | - |" in ev.comparison_markdown(list(rows.values()))
+    assert "| pi | - | 1 | 0 | 1.000 [0.207, 1.000] | - | - |" in ev.comparison_markdown(list(rows.values()))
 
 
 def test_split_is_deterministic_and_partitions() -> None:
@@ -99,19 +100,24 @@ def _png_size(path: Path) -> tuple[int, int]:
     return image.size
 
 
-def test_compare_command_writes_table_json_and_charts(tmp_path: Path) -> None:
+def test_compare_command_writes_table_json_and_charts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_episodes(tmp_path / "before" / "episodes.parquet", BEFORE)
     write_episodes(tmp_path / "after" / "episodes.parquet", AFTER)
     out = tmp_path / "cmp"
     code = ev.main(["compare", "--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"),
-                    "--out", str(out)])  # fmt: skip
+                    "--out", str(out), "--trained-harnesses", "pi"])  # fmt: skip
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(ev.COMPARISON_FILES)
     table = (out / "comparison.md").read_text()
-    assert "| pi | 4 | 4 | 0.500 | 0.750 | 5.500 | 4.000 | 1 | 10.000 | 6.000 | -40% |" in table
+    assert table in capsys.readouterr().out  # the command prints the table it wrote
+    assert "| pi | 1 | 10.000 | 6.000 | -40% |" in table  # the shaping effect
+    assert "| pi | yes | 4 | 4 | 0.500 [0.150, 0.850] | 0.750 [0.301, 0.954] | +0.250 [" in table
+    assert "| mini-swe-agent | no | 1 | 1 | 0.000 [0.000, 0.793] |" in table
+    assert "| trained | pi | 4 | 4 | +0.250 [" in table and "| other | mini-swe-agent | 1 | 1 | +0.000 [" in table
     data = json.loads((out / "comparison.json").read_text())
     assert data["rows"][0]["tool_call_change"] == pytest.approx(-0.4)
-    for name in ("pass_at_1.png", "tool_calls.png"):
+    assert data["transfer"]["trained_harnesses"] == ["pi"]
+    for name in ev.COMPARISON_FILES[2:]:
         width, height = _png_size(out / name)
         assert width > 400 and height > 200
 
@@ -120,7 +126,7 @@ def test_comparison_figures_show_before_and_after_with_intervals() -> None:
     after = [*AFTER, ep("a", "codex", True, 3)]  # a harness only after: no before bar
     rows = ev.compare(BEFORE, after)
     labels = ("base default", "checkpoint /a/b/c/checkpoints/it-3")
-    figs = ev.comparison_figures(rows, BEFORE, after, labels, "smoke")
+    figs = ev.comparison_figures(rows, labels, "smoke")
     ax = figs["pass_at_1"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["pi", "mini-swe-agent", "codex"]
     heights = [b.get_height() for b in ax.patches]
@@ -148,6 +154,36 @@ def test_eval_metrics_row() -> None:
     assert row["phase"] == "eval" and row["iteration"] == 3 and row["step"] is None
     assert row["pass_at_1_after/pi"] == pytest.approx(0.75) and row["pass_at_1_before"] == pytest.approx(0.4)
     assert row["tool_calls_mean_after/mini-swe-agent"] == 7.0
+    assert row["reward_mean_before/pi"] == pytest.approx(0.5) and row["reward_mean_after"] == pytest.approx(0.6)
+
+
+def test_trained_harnesses_come_from_the_run_config(tmp_path: Path) -> None:
+    from trainer.config import RunConfig, to_json
+
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "config.json").write_text(to_json(RunConfig(harnesses=("opencode", "pi"))))
+    assert ev.trained_harnesses(train) == ("opencode", "pi")
+    teacher = tmp_path / "teacher"
+    write_episodes(teacher / "episodes.parquet", [*BEFORE, replace(ep("x", "codex", True, 1), error="crashed")])
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "config.json").write_text(json.dumps({"runs": [str(teacher)], "filter": {"min_reward": None}}))
+    assert ev.trained_harnesses(sft) == ("pi",)  # only pi passed; the codex episode is a collector error
+    (sft / "config.json").write_text(json.dumps({"runs": [str(teacher)], "filter": {"min_reward": 0.0}}))
+    assert ev.trained_harnesses(sft) == ("pi", "mini-swe-agent")
+    (sft / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="--trained-harnesses"):
+        ev.trained_harnesses(sft)
+
+
+def test_split_command_writes_a_task_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ev.main(["split", "--tasks", "smoke", "--split", "train", "--out", str(tmp_path / "t")]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == (tmp_path / "t").resolve()
+    train = [t.id for t in load_taskset(folder)]
+    assert train == [t.id for t in ev.split_tasks(builtin_taskset("smoke"), "train")]
+    assert not {"copy-file", "rename-file"} & set(train)  # the held-out ones stay out
 
 
 def test_run_mode_arguments_are_checked(tmp_path: Path) -> None:
