@@ -210,8 +210,10 @@ def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def line_figure(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str) -> Figure:
-    """Lines with markers and optional bands (see the module docstring)."""
+def line_figure(
+    title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, ylim: tuple[float, float] | None = None
+) -> Figure:
+    """Lines with markers and optional bands (see the module docstring); ``ylim`` fixes the y axis (fractions: 0-1)."""
     kept = [
         Series(
             s.label,
@@ -234,6 +236,8 @@ def line_figure(title: str, series: Sequence[Series], *, xlabel: str, ylabel: st
         ax.plot(xs, ys, color=color, marker="o", markersize=4, linewidth=1.8, label=s.label)
     if all(float(x).is_integer() for s in kept for x, _ in s.points):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     if len(kept) > 1 or any(s.band for s in kept):
         _legend(fig, len(kept) + sum(1 for s in kept if s.band))
     return fig

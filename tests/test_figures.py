@@ -197,3 +197,10 @@ def test_no_pyplot_and_the_agg_backend() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().lower() == "agg"
+
+
+def test_a_line_figure_can_fix_its_y_range() -> None:
+    flat = [Series("all", ((1, 0.0), (2, 0.0), (3, 0.0)))]
+    assert line_figure("t", flat, xlabel="x", ylabel="y", ylim=(-0.02, 1.02)).axes[0].get_ylim() == (-0.02, 1.02)
+    # without it matplotlib pads a flat line symmetrically (a fraction would show negative ticks)
+    assert line_figure("t", flat, xlabel="x", ylabel="y").axes[0].get_ylim()[0] < -0.02

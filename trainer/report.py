@@ -168,6 +168,8 @@ def figure(chart: Chart, run: str = "") -> Figure:
         chart.series,
         xlabel=X_AXES.get(chart.x_label, chart.x_label),
         ylabel=metric_label(chart.name),
+        # a fraction is drawn on its whole range, so a flat 0 or a small rise is not blown up to fill the axis
+        ylim=(-0.02, 1.02) if UNITS.get(chart.name, "").startswith("fraction") else None,
     )
 
 
