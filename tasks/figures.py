@@ -178,11 +178,12 @@ def bar_figure(
         for bar, high, text in zip(bars, highs, texts, strict=True):
             ax.annotate(text, (bar.get_x() + bar.get_width() / 2, max(high, 0.0)), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=NOTE_PT)  # fmt: skip
-    ax.set_xticks(range(len(categories)), list(categories))
-    if sum(len(c) for c in categories) > 70:  # long labels would overlap: slant them
-        ax.tick_params(axis="x", labelrotation=25)
+    if sum(len(c) for c in categories) > 70:  # long labels would overlap: one line each, slanted, ending at the tick
+        ax.set_xticks(range(len(categories)), [c.replace("\n", " ") for c in categories])
         for label in ax.get_xticklabels():
-            label.set_horizontalalignment("right")
+            label.set(rotation=35, horizontalalignment="right", rotation_mode="anchor")
+    else:
+        ax.set_xticks(range(len(categories)), list(categories))
     ax.axhline(0, color="#333333", linewidth=0.8)
     low = min(0.0, *tops)
     top = max(tops) if ymax is None else max(ymax, *tops)
