@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -335,9 +334,7 @@ def error_message(err: ConversionError) -> str:
 
 
 def render_error(err: ConversionError) -> WireResponse:
-    headers = {"content-type": "application/json"}
-    if err.retry_after is not None:
-        headers["retry-after"] = str(max(math.ceil(err.retry_after), 0))
+    headers = {"content-type": "application/json"} | err.retry_headers()
     return WireResponse(err.status, headers, dumps(error_json(err)).encode("utf-8"))
 
 

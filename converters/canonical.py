@@ -18,6 +18,7 @@ on the next turn. It is opaque on purpose: converters copy it, never interpret i
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -413,6 +414,10 @@ ERROR_STATUS: Mapping[ErrorKind, int] = {
 }
 
 
+# Rate limited, engine unavailable, overloaded: a client that waits and retries will be served.
+RETRYABLE_KINDS: frozenset[ErrorKind] = frozenset({"rate_limited", "unavailable", "overloaded"})
+
+
 class ConversionError(Exception):
     """A request the proxy cannot serve, to be answered in the caller's own error shape.
 
@@ -431,6 +436,22 @@ class ConversionError(Exception):
     @property
     def status(self) -> int:
         return ERROR_STATUS[self.kind]
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """Seconds a client should wait before retrying a retryable error: its own delay, else 1 s (some clients give
+        up at once on a 429/503 without one); None for the other kinds (retrying a 400 cannot help)."""
+        if self.kind not in RETRYABLE_KINDS:
+            return None
+        return 1.0 if self.retry_after is None else max(self.retry_after, 0.0)
+
+    def retry_headers(self) -> dict[str, str]:
+        """The one retry rule of all four formats: ``retry-after`` (whole seconds, at least 1) and
+        ``retry-after-ms`` (the OpenAI and Anthropic SDKs prefer it) whenever :attr:`retry_after_s` is set."""
+        wait = self.retry_after_s
+        if wait is None:
+            return {}
+        return {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ code}}``, also sent in-stream as a bare data line); the encoder.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
@@ -254,7 +253,6 @@ _ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     "overloaded": (503, "server_error", "overloaded"),
     "timeout": (504, "server_error", "timeout"),
 }
-_RETRYABLE: frozenset[ErrorKind] = frozenset({"rate_limited", "unavailable", "overloaded"})
 _CONTEXT_WORDING = "maximum context length"
 
 
@@ -272,14 +270,9 @@ def error_body(err: ConversionError) -> dict[str, Any]:
 
 
 def render_error_response(err: ConversionError) -> WireResponse:
-    """The error as an HTTP answer. Retryable kinds always carry ``retry-after`` (1 s unless the error says),
-    because some clients give up at once on a 429 without one."""
+    """The error as an HTTP answer, with the retry headers of :meth:`ConversionError.retry_headers`."""
     status = _ERRORS[err.kind][0]
-    headers = {"content-type": "application/json"}
-    if err.retry_after is not None or err.kind in _RETRYABLE:
-        seconds = 1.0 if err.retry_after is None else max(err.retry_after, 0.0)
-        headers["retry-after"] = str(math.ceil(seconds))
-        headers["retry-after-ms"] = str(int(seconds * 1000))
+    headers = {"content-type": "application/json"} | err.retry_headers()
     return WireResponse(status, headers, dumps(error_body(err)).encode())
 
 

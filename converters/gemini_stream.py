@@ -232,15 +232,14 @@ _STATUS_NAME: Mapping[int, str] = {
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
-_RETRYABLE: frozenset[ErrorKind] = frozenset({"rate_limited", "unavailable", "overloaded"})
 
 
 def http_status(kind: ErrorKind) -> int:
     return 503 if kind == "overloaded" else ERROR_STATUS[kind]  # Google has no 529
 
 
-def _retry_seconds(err: ConversionError) -> int:
-    return max(1, math.ceil(err.retry_after)) if err.retry_after is not None else 1
+def _retry_seconds(wait: float) -> int:
+    return max(1, math.ceil(wait))
 
 
 def error_object(err: ConversionError) -> dict[str, Any]:
@@ -250,8 +249,9 @@ def error_object(err: ConversionError) -> dict[str, Any]:
     if err.kind == "context_length" and "exceeds the maximum number of tokens" not in message:
         message = f"The input token count exceeds the maximum number of tokens allowed. {message}"
     details: list[dict[str, Any]] = []
-    if err.kind in _RETRYABLE:
-        details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{_retry_seconds(err)}s"})
+    wait = err.retry_after_s
+    if wait is not None:
+        details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{_retry_seconds(wait)}s"})
     if err.param is not None and code == 400:
         violation = {"field": err.param, "description": message}
         details.append({"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [violation]})
@@ -260,9 +260,7 @@ def error_object(err: ConversionError) -> dict[str, Any]:
 
 
 def render_error(err: ConversionError) -> WireResponse:
-    headers = {"content-type": "application/json; charset=UTF-8"}
-    if err.kind in _RETRYABLE:
-        headers["retry-after"] = str(_retry_seconds(err))
+    headers = {"content-type": "application/json; charset=UTF-8"} | err.retry_headers()
     return WireResponse(http_status(err.kind), headers, dumps(error_object(err)).encode())
 
 

@@ -36,7 +36,6 @@ Organisation: state; pure JSON builders; the reducer; the encoder; errors.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
 
@@ -437,12 +436,6 @@ ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     "timeout": (504, "server_error", "timeout"),
 }
 CONTEXT_WORDING = "Your input exceeds the context window of this model. Please adjust your input and try again."
-RETRYABLE = (429, 503)
-
-
-def _retry_after(err: ConversionError) -> float | None:
-    """Seconds to wait; 429/503 always carry one (Codex gives up at once on a 429 without retry-after)."""
-    return (err.retry_after if err.retry_after is not None else 1.0) if ERRORS[err.kind][0] in RETRYABLE else None
 
 
 def _error_fields(err: ConversionError) -> tuple[str, str, str]:
@@ -451,7 +444,7 @@ def _error_fields(err: ConversionError) -> tuple[str, str, str]:
     message = err.message
     if err.kind == "context_length":
         message = f"{CONTEXT_WORDING} ({err.message})" if err.message else CONTEXT_WORDING
-    wait = _retry_after(err)
+    wait = err.retry_after_s
     if wait is not None:  # Codex reads the delay of in-stream rate-limit errors from this wording
         message = f"{message} Please try again in {wait:g}s."
     return code or etype, etype, message
@@ -461,10 +454,6 @@ def render_error(err: ConversionError) -> WireResponse:
     status, etype, code = ERRORS[err.kind]
     _, _, message = _error_fields(err)
     param = err.param if err.param is not None else ("input" if err.kind == "context_length" else None)
-    headers = {"content-type": "application/json"}
-    wait = _retry_after(err)
-    if wait is not None:
-        headers["retry-after"] = str(max(1, math.ceil(wait)))
-        headers["retry-after-ms"] = str(round(wait * 1000))
+    headers = {"content-type": "application/json"} | err.retry_headers()
     body = {"error": {"message": message, "type": etype, "param": param, "code": code}}
     return WireResponse(status, headers, dumps(body).encode())

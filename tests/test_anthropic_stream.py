@@ -258,7 +258,9 @@ def test_sdk_raises_its_own_exception_for_each_error(
         sdk.messages.create(**ASK)
     assert info.value.status_code == status
     assert info.value.body == {"type": "error", "error": {"type": wire_type, "message": f"it went wrong ({kind})"}}
-    assert info.value.response.headers.get("retry-after") == ("2" if status in (429, 529) else None)
+    # retryable kinds always carry a delay (1 s unless the error gives one), the others none (one rule, all formats)
+    expected = {429: "2", 529: "2", 503: "1"}.get(status)
+    assert info.value.response.headers.get("retry-after") == expected
 
 
 def test_context_length_uses_anthropic_wording() -> None:

@@ -8,6 +8,7 @@ tool calls with their parsed arguments, tool results, tool definitions, max toke
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,10 @@ from hypothesis import strategies as st
 from converters import WIRE_FORMATS, dialect_for
 from converters.base import Route
 from converters.canonical import (
+    ERROR_STATUS,
+    RETRYABLE_KINDS,
+    ConversionError,
+    ErrorKind,
     Message,
     ModelRequest,
     SamplingParams,
@@ -99,3 +104,19 @@ def test_every_format_has_a_dialect():
 def test_semantics_survive_any_two_formats(first, second, req):
     expected = semantics(req)
     assert semantics(through(through(req, first), second)) == expected
+
+
+@pytest.mark.parametrize("retry_after", [None, 0.0, 2.2, 30.0])
+@pytest.mark.parametrize("kind", sorted(ERROR_STATUS))
+def test_every_format_applies_the_one_retry_rule(kind: ErrorKind, retry_after: float | None) -> None:
+    """Retryable kinds carry retry-after (whole seconds, at least 1) and retry-after-ms (the error's delay, else
+    1 s) in all four formats; the other kinds never do, whatever delay the error holds."""
+    err = ConversionError(kind, "x", retry_after=retry_after)
+    for fmt in WIRE_FORMATS:
+        headers = {k.lower(): v for k, v in dialect_for(fmt).render_error(err).headers.items()}
+        if kind in RETRYABLE_KINDS:
+            wait = 1.0 if retry_after is None else retry_after
+            assert headers["retry-after"] == str(max(1, math.ceil(wait))), fmt
+            assert headers["retry-after-ms"] == str(round(wait * 1000)), fmt
+        else:
+            assert "retry-after" not in headers and "retry-after-ms" not in headers, fmt
