@@ -35,7 +35,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 Device = Literal["cpu", "cuda"]
 # A larger context costs KV memory on every request slot; past this the user asks for it explicitly.
@@ -189,9 +189,17 @@ def server_command(config: EngineConfig) -> list[str]:
     return cmd + list(config.extra_args)
 
 
+CPU_STEP_TIMEOUT_S: Final = 3600  # the longest one engine step may take on CPU (see server_env)
+
+
 def server_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /collective_rpc, /reset_prefix_cache, /update_weight_version
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
+    if config.device == "cpu":
+        # vLLM kills its engine core when one model step outlasts this (default 300 s). On CPU, without chunked
+        # prefill, one step can prefill several harness prompts at once (12.6k + 17.5k tokens took > 300 s on a
+        # loaded 2-core machine and the engine died mid-collect): a step that long is busy, not hung.
+        env.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(CPU_STEP_TIMEOUT_S))
     return env

@@ -69,7 +69,12 @@ def test_server_command_and_env(model_dir: Path, tmp_path: Path) -> None:
     assert "--no-enable-prefix-caching" in e.server_command(off) and "--hf-overrides" not in e.server_command(off)
     assert cmd[-2:] == ["--seed", "1"] and "--enable-lora" not in cmd
     env = e.server_env(config, {"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1"}
+    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
+    # a long whole-prompt prefill step is busy, not hung: vLLM's 300 s step limit is raised, unless the user set one
+    assert (
+        e.server_env(config, {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "900"})["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"]
+        == "900"
+    )
     lora = cpu_config(str(model_dir), tmp_path, enable_lora=True, max_lora_rank=8)
     assert "--enable-lora --max-lora-rank 8" in " ".join(e.server_command(lora))
     assert e.server_env(lora, {})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
