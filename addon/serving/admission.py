@@ -93,8 +93,9 @@ class Refused:
 Verdict = Admitted | Local | Refused
 
 
-def admit(arrival: Arrival, sources: Iterable[SessionSource], max_body: int) -> Verdict:
-    """Classify, size-check and attribute one request (see the module docstring)."""
+def admit(arrival: Arrival, sources: Iterable[SessionSource], max_body: int | None = None) -> Verdict:
+    """Classify, size-check and attribute one request (see the module docstring); ``max_body=None``: no size
+    limit (a call a front door already checked)."""
     prefix, path, query = arrival.parts
     decision = classify(arrival.method, path, query, arrival.headers)
     if not isinstance(decision, ModelCall):
@@ -103,7 +104,7 @@ def admit(arrival: Arrival, sources: Iterable[SessionSource], max_body: int) -> 
                 "harnessrl: local answer %d for %s %s (%s)", decision.status, arrival.method, path, decision.reason
             )
         return Local(decision)
-    if arrival.body_length is not None and arrival.body_length > max_body:
+    if max_body is not None and arrival.body_length is not None and arrival.body_length > max_body:
         return too_large(decision, max_body)
     evidence = Evidence(
         proxyauth_user=arrival.proxyauth_user,

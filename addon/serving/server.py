@@ -63,7 +63,6 @@ HEADER_SESSION = "x-harnessrl-session"
 HEADER_PATH = "x-harnessrl-path"
 HEADER_CALL_ID = "x-harnessrl-call-id"
 INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID)
-_NO_LIMIT = 1 << 62  # the internal call route: the front door already checked the body size
 LISTEN_BACKLOG = 4096  # Linux's default somaxconn caps it
 SHUTDOWN_GRACE_S = 5.0  # aiohttp's default (60 s) outlasted ProxyHandle.stop's 20 s, so the store never closed
 
@@ -225,7 +224,7 @@ class InternalServer:
         original = request.headers.get(HEADER_PATH, "")
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in INTERNAL_HEADERS}
         arrival = Arrival("POST", original, headers, header_session=request.headers.get(HEADER_SESSION))
-        verdict = admit(arrival, ("header",), max_body=_NO_LIMIT)
+        verdict = admit(arrival, ("header",))
         if not isinstance(verdict, Admitted):
             return web.json_response({"error": f"not a model route: {original!r}"}, status=404)
         call_id = request.headers.get(HEADER_CALL_ID)
