@@ -3,12 +3,15 @@ context sizes, in the steady state of a tool loop (each call extends the previou
 
 Stages, in the order the addon runs them (addon/generation/generate.py): ``parse`` (body bytes -> canonical request, the
 format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/generation/splice.py),
-``graph_record`` (adding the call's node), ``record_build`` (the row: token ids checked and packed, canonical
-request and completion to JSON + zstd, addon/generation/generate.py ``build_record``), and ``append`` (Arrow batch + WAL
-frame + fsync, addon/records/store.py). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written
-and fsynced to a WAL segment in the same folder. What is not here — mitmproxy's TLS and HTTP relay, the loopback
-hop to the internal server, event-loop scheduling — is the rest of the measured added latency
-(benchmarks/side_by_side.py).
+``engine_json`` (the prompt ids as the engine request's JSON list: formatted from the session's previous prompt where
+the tree has ``token_ids.json_list_extending``, else the whole list), ``record_ahead`` (the row's first half,
+addon/generation/recording.py ``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
+(adding the call's node), ``record_build`` (the rest of the row: ``build_record``, the whole row in older trees), and
+``append`` (Arrow batch + WAL frame + fsync, addon/records/store.py). ``wal_fsync`` is the durable part of ``append``
+alone: the same frame written and fsynced to a WAL segment in the same folder. ``total`` is the CPU time of all
+stages; ``after the engine`` is what lies between the engine's last token and the client's (graph + record build +
+append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop to the internal server, event-loop
+scheduling — is the rest of the measured added latency (benchmarks/side_by_side.py).
 
 The record build is timed as the Generator runs it: one :class:`~addon.records.blobs.CanonicalJson` shared by the
 whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call).
@@ -42,7 +45,9 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("parse", "splice", "graph_record", "record_build", "append", "wal_fsync")
+STAGES = ("parse", "splice", "engine_json", "record_ahead", "graph_record", "record_build", "append", "wal_fsync")
+# the stages between the engine's last token and the client's (the durable row comes first)
+AFTER_ENGINE = ("graph_record", "record_build", "append")
 MODULES = {
     "generate": "addon.generation.generate",
     "record_store": "addon.records.store",
@@ -54,6 +59,7 @@ MODULES = {
     "sessions": "benchmarks.sessions",
     "side_by_side": "benchmarks.side_by_side",
     "converters": "converters",
+    "token_ids": "addon.records.token_ids",
     "base": "converters.base",
     "canonical": "converters.canonical",
 }
@@ -66,6 +72,9 @@ def load(tree: Path) -> SimpleNamespace:
     for name, mod in mods.items():
         if not Path(mod.__file__ or "").resolve().is_relative_to(tree.resolve()):
             raise RuntimeError(f"{MODULES[name]} was imported from {mod.__file__}, not from {tree}")
+    # trees before the row was built in two halves have no recording module: their whole row is built after
+    has_recording = (tree / "addon" / "generation" / "recording.py").is_file()
+    mods["recording"] = importlib.import_module("addon.generation.recording") if has_recording else None
     return SimpleNamespace(**mods)
 
 
@@ -85,6 +94,7 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
     prompt_lens: list[int] = []
     eot = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     s, canonical, route_of = m.sessions, m.canonical, routes(m)
+    engine_prompt: dict[str, Any] = {}
     extra = {"canonical_json": json_cache} if json_cache is not None else {}
     probe = m.wal.SegmentWriter(store.folder / f"probe-{tokens}.log", m.records.SCHEMA_VERSION)
     try:
@@ -98,6 +108,14 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 t.append(time.perf_counter())
                 plan = m.splice.plan(state, request, splicer)
                 t.append(time.perf_counter())
+                packed = m.token_ids.pack(plan.packed if plan.packed is not None else plan.prompt_ids)
+                t_json = time.perf_counter()
+                if hasattr(m.token_ids, "json_list_extending"):  # formatted from the session's previous prompt
+                    text = m.token_ids.json_list_extending(packed, engine_prompt.get(fmt))
+                    engine_prompt[fmt] = (packed, text)
+                else:  # older trees: the whole list, when the engine request's body is made
+                    m.token_ids.json_list(packed)
+                times_json = time.perf_counter() - t_json
                 reply = s.Reply(
                     "Reading it.", (s.ToolCallSeen(f"call_{fmt}_{i}", "read_file", '{"path": "a.py"}'),), True
                 )
@@ -118,10 +136,15 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                     request, info, i, prompt_ids=plan.prompt_ids, completion_ids=list(ids), logprobs=[-0.5] * len(ids)
                 )
                 turn.plan = plan
+                ahead, t_ahead = {}, 0.0
+                if m.recording is not None:  # the row's first half, built while the engine samples
+                    t0 = time.perf_counter()
+                    ahead = {"prepared": m.recording.prelude(request, turn.prompt_ids, json_cache)}
+                    t_ahead = time.perf_counter() - t0
                 t.append(time.perf_counter())
                 m.splice.record(state, info.call_id, request, plan, completion, ids, "tool_calls")
                 t.append(time.perf_counter())
-                row = m.generate.build_record(turn, completion, "fake", None, **extra)
+                row = m.generate.build_record(turn, completion, "fake", None, **extra, **ahead)
                 t.append(time.perf_counter())
                 store.append(row)
                 t.append(time.perf_counter())
@@ -130,6 +153,8 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 probe.append(frame)
                 t.append(time.perf_counter())
                 if i >= 1:
+                    times["engine_json"].append(times_json)
+                    times["record_ahead"].append(t_ahead)
                     spans = (("parse", 0, 1), ("splice", 1, 2), ("graph_record", 3, 4), ("record_build", 4, 5))
                     for name, a, b in (*spans, ("append", 5, 6), ("wal_fsync", 7, 8)):
                         times[name].append(t[b] - t[a])
@@ -157,21 +182,25 @@ def run_tree(tree: Path, model_dir: str, contexts: list[int], calls: int) -> lis
                 times, lens = measure(m, renderer, splicer, store, tokens, calls, json_cache)
                 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
                 total = sum(v for k, v in med.items() if k != "wal_fsync")  # wal_fsync is inside append
-                out.append({"context": tokens, "prompt_tokens": int(statistics.median(lens)), **med, "total": total})
+                after = sum(med[k] for k in AFTER_ENGINE)
+                row = {"context": tokens, "prompt_tokens": int(statistics.median(lens)), **med, "total": total}
+                out.append(row | {"after_engine": after})
         finally:
             store.close()
     return out
 
 
 HEADER = (
-    "| context | tree | prompt tokens p50 | parse ms | splice ms | graph ms | record build ms | append ms "
-    "| of which WAL write+fsync ms | total ms |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| context | tree | prompt tokens p50 | parse ms | splice ms | engine JSON ms | record ahead ms | graph ms "
+    "| record build ms | append ms | of which WAL write+fsync ms | total ms | after the engine ms |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def table_row(label: str, r: dict[str, Any]) -> str:
-    cells = [f"{r[k]:.2f}" for k in ("parse", "splice", "graph_record", "record_build", "append", "wal_fsync")]
-    return f"| {r['context']} | {label} | {r['prompt_tokens']} | " + " | ".join(cells) + f" | {r['total']:.1f} |"
+    cells = [f"{r[k]:.2f}" for k in STAGES]
+    totals = f" | {r['total']:.1f} | {r['after_engine']:.1f} |"
+    return f"| {r['context']} | {label} | {r['prompt_tokens']} | " + " | ".join(cells) + totals
 
 
 def compare(trees: list[tuple[str, Path]], model_dir: str, contexts: list[int], calls: int, repeat: int) -> None:
@@ -190,7 +219,8 @@ def compare(trees: list[tuple[str, Path]], model_dir: str, contexts: list[int], 
     for tokens in contexts:
         for label, _ in trees:
             results = runs[(tokens, label)]
-            med = {k: statistics.median(r[k] for r in results) for k in (*STAGES, "total", "prompt_tokens")}
+            keys = (*STAGES, "total", "after_engine", "prompt_tokens")
+            med = {k: statistics.median(r[k] for r in results) for k in keys}
             print(table_row(label, {"context": tokens, **med, "prompt_tokens": int(med["prompt_tokens"])}), flush=True)
 
 

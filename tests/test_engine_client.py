@@ -40,6 +40,7 @@ from addon.engine.client import (
     completion_payload,
     error_from_body,
 )
+from addon.records import token_ids
 
 PROMPT = (1, 2, 3)
 REQ = GenerationRequest(PROMPT, max_tokens=4, seed=1)
@@ -279,6 +280,19 @@ def test_the_request_body_is_the_payload_with_the_prompt_written_in_c(stream: bo
         body = engine_client.completion_body(req, stream=stream)
         assert json.loads(body) == completion_payload(req, stream=stream)
         assert body.startswith(b'{"prompt":[') and b" " not in body  # compact
+
+
+def test_a_prompt_json_given_by_the_caller_is_used_and_checked_against_the_ids() -> None:
+    """The generator formats the prompt off the event loop (from the session's previous prompt); the body then uses
+    that text as it is, and a text that cannot be these ids' list is refused when the request is made."""
+    packed = array("i", range(1000, 1300))
+    text = token_ids.json_list(packed)
+    req = GenerationRequest(packed, 8, prompt_json=text)
+    assert json.loads(engine_client.completion_body(req, stream=True)) == completion_payload(req, stream=True)
+    assert req == GenerationRequest(packed, 8)  # how it was formatted is not part of the request
+    for wrong in (token_ids.json_list(packed[:-1]), text[1:], text[:-1] + ",1]"):
+        with pytest.raises(ValueError, match="prompt_json"):
+            GenerationRequest(packed, 8, prompt_json=wrong)
 
 
 def test_a_prompt_that_is_not_token_ids_is_refused_when_the_request_is_made() -> None:

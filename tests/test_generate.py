@@ -356,3 +356,71 @@ def test_build_record_with_the_shared_json_cache_stores_exactly_the_uncached_row
         assert cached.tokens.prompt_ids == tuple(range(100 + i)) and cached.tokens.completion_logprobs == (-0.5, -1.0)
         history += [Message("assistant", (TextPart(f"step {i}"),)), Message("user", (TextPart(f"result {i}"),))]
     assert cache.hits > cache.misses  # the history was resent and served from the cache
+
+
+async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the_previous_one(
+    smollm2_tokenizer_dir, tmp_path
+):
+    """The prompt's JSON for the engine is built off the event loop from the session's previous prompt (only the new
+    ids are formatted) and the row's first half while the engine samples: what the engine receives is still exactly
+    the recorded prompt ids, call after call of a session that extends itself."""
+    from datetime import UTC, datetime
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from addon.engine.client import EngineClient
+    from addon.engine.pool import EnginePool
+    from addon.generation.generate import CallInfo, Generator
+    from addon.generation.render import PromptRenderer
+    from addon.generation.sessions import Budget, SessionRegistry
+    from addon.generation.splice import SpliceRenderer
+    from addon.generation.stats import Stats
+    from addon.records.schema import read_records
+    from addon.records.store import RecordStore
+    from benchmarks import fake_engine
+    from converters.base import Route
+
+    engine = fake_engine.FakeEngine.build(smollm2_tokenizer_dir, tokens=12)
+    seen: list[list[int]] = []
+
+    @web.middleware
+    async def capture(request: web.Request, handler):
+        if request.path == "/v1/completions":
+            seen.append((await request.json())["prompt"])
+        return await handler(request)
+
+    app = engine.app()
+    app.middlewares.append(capture)
+    server = TestServer(app)
+    await server.start_server()
+    store = RecordStore.open(tmp_path, "run-1")
+    stats = Stats()
+    messages: list[dict] = [{"role": "user", "content": "list the files"}]
+    async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+        pool = EnginePool([client])
+        await pool.bind()
+        gen = Generator(
+            splicer=SpliceRenderer(PromptRenderer.from_pretrained(smollm2_tokenizer_dir)),
+            engine=pool,
+            store=store,
+            sessions=SessionRegistry(Budget()),
+            stats=stats,
+            max_model_len=8192,
+            served_model="fake",
+        )
+        for i in range(4):
+            info = CallInfo("run-1", "s1", Route("anthropic", "/v1/messages"), {}, datetime.now(UTC), call_id=f"c{i}")
+            body = {"model": "m", "max_tokens": 30, "messages": messages}
+            sink = _Sink()
+            await gen.handle(info, json.dumps(body).encode(), sink)
+            answer = json.loads(sink.body)
+            assert sink.status == 200, answer
+            text = "".join(b.get("text", "") for b in answer["content"] if b["type"] == "text")
+            messages += [{"role": "assistant", "content": text or "ok"}, {"role": "user", "content": f"next {i}"}]
+    await server.close()
+    store.close()
+    rows = read_records(str(tmp_path)).sort_by("call_index").to_pylist()
+    assert [r["prompt_ids"] for r in rows] == seen and len(seen) == 4
+    assert stats.splices["extends"] == 3  # each later prompt was the earlier one plus new ids
+    assert all(seen[k + 1][: len(seen[k])] == seen[k] for k in range(3))

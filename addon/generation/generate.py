@@ -12,6 +12,12 @@ Ordering guarantee: the call's record is appended to the write-ahead log (fsync'
 final event (or the whole non-streaming body) is written to the client, so a turn the client saw complete is never
 lost. Blocking work — tokenizer rendering, WAL appends — runs in threads, never on the event loop.
 
+Worker-thread hops per call (each waits for the event loop to pick its result up, which costs most under load):
+one to parse and plan (the splice plan, and the prompt as the engine's JSON formatted from the session's previous
+prompt, so only new ids), one alongside the engine to build the row's first half (:mod:`addon.generation.recording`:
+request JSON + zstd, prompt ids packed), and one after the engine to add the session-graph node, finish the row and
+append it durably.
+
 Sampling: :class:`~addon.generation.sampling.SamplingPolicy` decides what is applied (by default top_p/top_k/min_p
 and penalties neutral); both the requested and the applied values are recorded.
 """
@@ -23,33 +29,31 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
 from addon.engine.pool import EnginePool, NoEngine
 from addon.generation.parser import OutputParser, ParserSpec
+from addon.generation.recording import CallInfo, RecordPrelude, Turn, auxiliary_reason, build_record, prelude
 from addon.generation.sampling import SamplingPolicy, engine_sampling, forced_tool_call
 from addon.generation.sessions import SessionRegistry
 from addon.generation.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
 from addon.generation.splice import plan as splice_plan
 from addon.generation.splice import record as splice_record
 from addon.generation.stats import Stats
-from addon.records.blobs import CanonicalJson, dumps_json, pack_json_text, plain
-from addon.records.schema import CallRecord, TurnTokens
+from addon.records import token_ids
+from addon.records.blobs import CanonicalJson
 from addon.records.store import RecordStore, RecordStoreError
 from converters import dialect_for
 from converters.accumulate import Accumulator
-from converters.base import Dialect, Route, StreamEncoder, UnknownFields
+from converters.base import Dialect, StreamEncoder, UnknownFields
 from converters.canonical import (
     Completion,
     ConversionError,
     Finish,
-    JsonObjectFormat,
-    JsonSchemaFormat,
     ModelRequest,
     StreamEvent,
     StreamStart,
@@ -62,6 +66,8 @@ BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends
 
 log = logging.getLogger("harnessrl.generate")
 
+T = TypeVar("T")
+
 
 class ResponseSink(Protocol):
     """Where an answer goes (the internal HTTP server adapts its response object to this)."""
@@ -69,44 +75,6 @@ class ResponseSink(Protocol):
     async def start(self, status: int, headers: Mapping[str, str]) -> None: ...
     async def write(self, data: bytes) -> None: ...
     async def end(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class CallInfo:
-    """Who made the call and when; filled in by the proxy before generation."""
-
-    run_id: str
-    session_id: str
-    route: Route
-    headers: Mapping[str, str]
-    received_at: datetime
-    harness: str = "unknown"
-    harness_version: str | None = None
-    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-@dataclass
-class _Turn:
-    """Mutable per-call state while the engine streams."""
-
-    request: ModelRequest
-    info: CallInfo
-    call_index: int
-    prompt_ids: Sequence[int] = ()
-    completion_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    applied: dict[str, Any] = field(default_factory=dict)
-    first_token_at: datetime | None = None
-    engine_started: float = 0.0
-    engine_done: float = 0.0
-    error: str | None = None
-    incomplete: bool = False
-    policy_version: int | None = None
-    engine_wait_ms: int | None = None  # set when the call had to wait for an engine that could take it
-    malformed: int = 0
-    recorded: bool = False
-    plan: SplicePlan | None = None
-    acc: Accumulator | None = None  # the answer so far, once generation started
 
 
 class Generator:
@@ -147,20 +115,21 @@ class Generator:
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
         dialect = dialect_for(info.route.format)
         t0 = time.perf_counter()
+        state = self.graphs.get(info.session_id, time.monotonic())
         try:
-            # a harness body can be megabytes of JSON: parse it off the event loop
-            request = await asyncio.to_thread(dialect.parse_request, body, info.route, info.headers, self.fields)
+            # a harness body can be megabytes of JSON: parsed, and the call planned, off the event loop in one hop
+            request, planned = await asyncio.to_thread(self._parse_and_plan, dialect, body, info, state)
         except ConversionError as err:
             self.stats.error("bad_request")
             await _send_error(sink, dialect, err)
             return
         call_index, budget_stop = self.sessions.begin_call(info.session_id)
-        turn = _Turn(request, info, call_index)
+        turn = Turn(request, info, call_index)
         try:
             if budget_stop:
                 await self._budget_stop(turn, dialect, budget_stop, sink)
                 return
-            await self._generate(turn, dialect, sink, t0)
+            await self._generate(turn, dialect, sink, t0, planned)
         except ConversionError as err:
             # A call refused after it was parsed (context too long, content the model cannot take, engine down) is
             # still a model call of this session: record it, with the prompt ids when they were rendered.
@@ -183,16 +152,37 @@ class Generator:
                 info.session_id, len(turn.prompt_ids) + len(turn.completion_ids), turn.error is not None
             )
 
-    async def _generate(self, turn: _Turn, dialect: Dialect, sink: ResponseSink, t0: float) -> None:
+    def _parse_and_plan(
+        self, dialect: Dialect, body: bytes, info: CallInfo, state: SessionState
+    ) -> tuple[ModelRequest, tuple[SplicePlan, str | None] | ConversionError]:
+        """In a worker thread: the canonical request (a ConversionError here is a bad request, raised), then its
+        splice plan and engine prompt text, or the ConversionError that refused the plan (raised later, once the
+        call is counted in its session, so it is recorded as a call)."""
+        request = dialect.parse_request(body, info.route, info.headers, self.fields)
+        try:
+            return request, _plan_locked(state, request, self.splicer, auxiliary_reason(request) is not None)
+        except ConversionError as err:
+            return request, err
+
+    async def _generate(
+        self,
+        turn: Turn,
+        dialect: Dialect,
+        sink: ResponseSink,
+        t0: float,
+        planned: tuple[SplicePlan, str | None] | ConversionError,
+    ) -> None:
         request = turn.request
         # the version of the engine this call would go to; replaced by the routed engine's once it answers
         turn.policy_version = self.engine.policy_version_for(turn.info.session_id)
         state = self.graphs.get(turn.info.session_id, time.monotonic())
-        aux = auxiliary_reason(request) is not None
-        turn.plan = await asyncio.to_thread(_plan_locked, state, request, self.splicer, aux)
+        if isinstance(planned, ConversionError):
+            raise planned
+        plan, prompt_json = planned
+        turn.plan = plan
         # the packed ids when the splice built them (checked and encoded in C downstream), else the tuple
-        turn.prompt_ids = turn.plan.packed if turn.plan.packed is not None else turn.plan.prompt_ids
-        self.stats.splice(turn.plan.reason)
+        turn.prompt_ids = plan.packed if plan.packed is not None else plan.prompt_ids
+        self.stats.splice(plan.reason)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
                 "context_length",
@@ -201,13 +191,17 @@ class Generator:
         turn.applied = self.policy.apply(
             request, len(turn.prompt_ids), self.max_model_len, turn.info.session_id, turn.call_index
         )
-        parser = OutputParser(self.parser_spec, allowed=turn.plan.allowed_tools())
+        # The row's first half (request JSON + zstd, prompt ids packed) is built while the engine samples.
+        turn.prelude = _background(asyncio.to_thread(prelude, request, turn.prompt_ids, self.canonical_json))
+        parser = OutputParser(self.parser_spec, allowed=plan.allowed_tools())
         encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
         acc = turn.acc = Accumulator()
         start = StreamStart(_response_id(), request.model, int(time.time()), len(turn.prompt_ids))
         acc.feed(start)
         structured = forced_tool_call(request) if self.force_tool_calls else None
-        gen = GenerationRequest(prompt_ids=turn.prompt_ids, structured=structured, **engine_sampling(turn.applied))
+        gen = GenerationRequest(
+            prompt_ids=turn.prompt_ids, structured=structured, prompt_json=prompt_json, **engine_sampling(turn.applied)
+        )
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)
         started = False
@@ -256,11 +250,10 @@ class Generator:
         await self._emit([e for e in tail if not isinstance(e, Finish)], acc, encoder, sink)
         acc.feed_all(list(final))
         completion = acc.completion
-        # The node must exist before the client sees the end of this turn: its next call extends it.
-        await asyncio.to_thread(
-            _record_locked, state, turn, completion, final[0].reason if final else completion.finish_reason
-        )
-        if not await self._record(turn, completion):
+        # The node must exist before the client sees the end of this turn (its next call extends it): added in the
+        # same worker-thread hop as the row's append.
+        finish = final[0].reason if final else completion.finish_reason
+        if not await self._record(turn, completion, graph=(state, finish)):
             if encoder is not None and started:
                 await sink.write(encoder.error(_store_failed()))
                 await sink.end()
@@ -289,7 +282,7 @@ class Generator:
                 if data:
                     await sink.write(data)
 
-    async def _budget_stop(self, turn: _Turn, dialect: Dialect, reason: str, sink: ResponseSink) -> None:
+    async def _budget_stop(self, turn: Turn, dialect: Dialect, reason: str, sink: ResponseSink) -> None:
         """Answer with a normal final message (no tool calls) so the harness ends the episode."""
         req = turn.request
         completion = Completion(
@@ -312,9 +305,16 @@ class Generator:
                 await sink.write(encoder.feed(event))
         await sink.end()
 
-    async def _record(self, turn: _Turn, completion: Completion | None, budget_stop: str | None = None) -> bool:
-        """Build and durably append the call's row; False when the store refused it (the caller then answers an
-        error instead of the final event). Never raises a store error: a failing disk must not crash a call."""
+    async def _record(
+        self,
+        turn: Turn,
+        completion: Completion | None,
+        budget_stop: str | None = None,
+        graph: tuple[SessionState, Any] | None = None,
+    ) -> bool:
+        """Build and durably append the call's row (first adding its node to the session graph when ``graph`` is
+        given: ``(state, finish reason)``); False when the store refused it (the caller then answers an error instead
+        of the final event). Never raises a store error: a failing disk must not crash a call."""
         missing = sum(1 for x in turn.logprobs if x != x)  # NaN: a token vLLM gave no logprob for
         if missing:
             self.stats.missing_logprobs(missing)
@@ -329,9 +329,15 @@ class Generator:
                     missing,
                     len(turn.prompt_ids),
                 )
-        # building the row (canonical request JSON + zstd) and the fsync'd append both run off the event loop
+        prepared: RecordPrelude | None = None
+        if turn.prelude is not None:
+            try:
+                prepared = await turn.prelude
+            except ValueError:
+                prepared = None  # build_record raises the same error in the thread below
+        # finishing the row and the fsync'd append run off the event loop, in one hop
         try:
-            await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop)
+            await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop, prepared, graph)
         except RecordStoreError as e:
             log.error("harnessrl: call %s of session %s not stored: %s", turn.info.call_id, turn.info.session_id, e)
             self.stats.error("record_store")
@@ -340,93 +346,49 @@ class Generator:
         turn.recorded = True
         return True
 
-    def _build_and_append(self, turn: _Turn, completion: Completion | None, budget_stop: str | None) -> None:
-        self.store.append(build_record(turn, completion, self.served_model, budget_stop, self.canonical_json))
+    def _build_and_append(
+        self,
+        turn: Turn,
+        completion: Completion | None,
+        budget_stop: str | None,
+        prepared: RecordPrelude | None,
+        graph: tuple[SessionState, Any] | None,
+    ) -> None:
+        if graph is not None and completion is not None:
+            _record_locked(graph[0], turn, completion, graph[1])
+        row = build_record(turn, completion, self.served_model, budget_stop, self.canonical_json, prepared)
+        self.store.append(row)
 
 
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-def build_record(
-    turn: _Turn,
-    completion: Completion | None,
-    served_model: str,
-    budget_stop: str | None,
-    canonical_json: CanonicalJson | None = None,
-) -> CallRecord:
-    """The call's row. With ``canonical_json`` (the Generator's, shared by all sessions) its cost follows the new
-    suffix: the request's messages and tools are JSON-encoded once per distinct value; without it the whole request
-    is encoded (same text). The token ids are packed once, in :class:`TurnTokens`."""
-    req, info = turn.request, turn.info
-    request_json = canonical_json.request(req) if canonical_json is not None else dumps_json(plain(req))
-    aux = auxiliary_reason(req)
-    names = tuple(c.name for c in completion.tool_calls) if completion else ()
-    return CallRecord(
-        run_id=info.run_id,
-        session_id=info.session_id,
-        call_index=turn.call_index,
-        call_id=info.call_id,
-        harness=info.harness,
-        harness_version=info.harness_version,
-        wire_format=req.format,
-        route=info.route.path,
-        model=req.model,
-        served_model=served_model,
-        policy_version=turn.policy_version,
-        received_at=info.received_at,
-        first_token_at=turn.first_token_at,
-        done_at=_now(),
-        tokens=TurnTokens(
-            turn.prompt_ids,  # type: ignore[arg-type]  # packed ids are kept, stored as a tuple
-            tuple(turn.completion_ids),
-            tuple(turn.logprobs),
-        ),
-        finish_reason=completion.finish_reason if completion and not turn.incomplete else None,
-        tool_call_names=names,
-        auxiliary=aux is not None,
-        auxiliary_reason=aux,
-        sampling_requested=plain(req.sampling),
-        sampling_applied=turn.applied,
-        request_canonical=pack_json_text(request_json),
-        completion_canonical=pack_json_text(dumps_json(plain(completion))) if completion else None,
-        error=turn.error or (f"malformed_tool_calls={turn.malformed}" if turn.malformed else None),
-        budget_stop=budget_stop,
-        incomplete=turn.incomplete,
-        identity_hints=_identity(req),
-        parent_call_id=turn.plan.parent_call_id if turn.plan else None,
-        fork_reason=turn.plan.fork_reason if turn.plan else None,
-        prompt_reused_tokens=turn.plan.reused_tokens if turn.plan else 0,
-        engine_wait_ms=turn.engine_wait_ms,
-    )
-
-
-def _plan_locked(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool) -> SplicePlan:
+def _plan_locked(
+    state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool
+) -> tuple[SplicePlan, str | None]:
+    """The splice plan, and the prompt as the engine's JSON list, formatted here (a worker thread, not the event
+    loop) from the session's previous prompt: only the new ids (None when the plan's ids are not packed)."""
     with state.lock:
-        return splice_plan(state, request, splicer, auxiliary=auxiliary)
+        plan = splice_plan(state, request, splicer, auxiliary=auxiliary)
+        if plan.packed is None or not len(plan.packed):
+            return plan, None
+        text = token_ids.json_list_extending(plan.packed, state.engine_prompt)
+        state.engine_prompt = (plan.packed, text)
+        return plan, text
 
 
-def _record_locked(state: SessionState, turn: _Turn, completion: Completion, finish: Any) -> None:
+def _record_locked(state: SessionState, turn: Turn, completion: Completion, finish: Any) -> None:
     assert turn.plan is not None
     with state.lock:
         splice_record(state, turn.info.call_id, turn.request, turn.plan, completion, turn.completion_ids, finish)
 
 
-def auxiliary_reason(request: ModelRequest) -> str | None:
-    """A side request (title generation, classifiers, memory extraction) asks for structured output and offers no
-    tools; it is recorded but excluded from training by default. Detected from the request, never the model name."""
-    if isinstance(request.output_format, JsonSchemaFormat | JsonObjectFormat) and not request.tools:
-        return "structured_output"
-    return None
-
-
-def _identity(req: ModelRequest) -> dict[str, str]:
-    ident = req.identity
-    out = {f"header:{k}": v for k, v in ident.headers.items()}
-    for name in ("user_id", "session_id", "prompt_cache_key", "user_agent"):
-        value = getattr(ident, name)
-        if value:
-            out[name] = value
-    return out
+def _background(work: Awaitable[T]) -> asyncio.Future[T]:
+    """``work`` started now; its result (or error) is read later by whoever awaits it, maybe nobody (a call that
+    failed first), so an error left unread is marked seen instead of logged as never retrieved."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
 
 
 def _finish_reason(engine_reason: str) -> Any:
@@ -466,4 +428,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-__all__ = ["CallInfo", "Generator", "ResponseSink", "SamplingPolicy", "TextDelta", "auxiliary_reason"]
+_Turn = Turn  # the name benchmarks/stage_costs.py and older callers use
+
+__all__ = [
+    "CallInfo",
+    "Generator",
+    "ResponseSink",
+    "SamplingPolicy",
+    "TextDelta",
+    "Turn",
+    "auxiliary_reason",
+    "build_record",
+]

@@ -111,26 +111,39 @@ class TurnTokens:
         # Ids already packed (the session graph's array('i'), read-only) back the Arrow column as they are.
         packed = self.prompt_ids if isinstance(self.prompt_ids, array) else None
         # Accept any sequence (lists from the engine) but store tuples, so a record cannot change after the fact.
-        for name in ("prompt_ids", "completion_ids", "completion_logprobs"):
-            value = getattr(self, name)
-            if not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.prompt_ids, tuple):
+            object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+        prompt = _pack_ids(packed if packed is not None else self.prompt_ids, "prompt_ids")
+        self._set_completion(prompt, self.completion_ids, self.completion_logprobs)
+
+    def with_completion(self, completion_ids: Sequence[int], completion_logprobs: Sequence[float]) -> TurnTokens:
+        """These prompt ids with a completion. The prompt half is not checked or packed again: the generator builds
+        it while the engine samples, so after the engine only the sampled part is left to pack (a 128k-token
+        prompt's tuple and Arrow array cost milliseconds; the completion is a few hundred ids)."""
+        tokens = object.__new__(TurnTokens)
+        object.__setattr__(tokens, "prompt_ids", self.prompt_ids)
+        tokens._set_completion(self._arrow[0], completion_ids, completion_logprobs)
+        return tokens
+
+    def _set_completion(self, prompt: pa.Array, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        if not isinstance(ids, tuple):
+            ids = tuple(ids)
         try:
             # Round to float32 now, as the column stores them: a record then equals itself read back.
-            logprobs = array("f", self.completion_logprobs)
+            packed_lp = array("f", logprobs)
         except (OverflowError, TypeError) as e:
             raise ValueError(f"completion_logprobs must be float32 numbers: {e}") from e
         # NaN is allowed: it marks a sampled token the engine gave no logprob for (vLLM sends null for a
         # non-finite value); addon.records.sequences masks such tokens from training.
-        lp = pa.Array.from_buffers(pa.float32(), len(logprobs), [None, pa.py_buffer(logprobs)])
-        object.__setattr__(self, "completion_logprobs", tuple(logprobs.tolist()))
-        if len(self.completion_ids) != len(self.completion_logprobs):
+        lp = pa.Array.from_buffers(pa.float32(), len(packed_lp), [None, pa.py_buffer(packed_lp)])
+        if len(ids) != len(packed_lp):
             raise ValueError(
-                f"completion_ids has {len(self.completion_ids)} tokens but completion_logprobs has "
-                f"{len(self.completion_logprobs)}; each sampled token needs exactly one logprob"
+                f"completion_ids has {len(ids)} tokens but completion_logprobs has "
+                f"{len(packed_lp)}; each sampled token needs exactly one logprob"
             )
-        prompt = _pack_ids(packed if packed is not None else self.prompt_ids, "prompt_ids")
-        object.__setattr__(self, "_arrow", (prompt, _pack_ids(self.completion_ids, "completion_ids"), lp))
+        object.__setattr__(self, "completion_ids", ids)
+        object.__setattr__(self, "completion_logprobs", tuple(packed_lp.tolist()))
+        object.__setattr__(self, "_arrow", (prompt, _pack_ids(ids, "completion_ids"), lp))
 
     def arrow(self) -> tuple[pa.Array, pa.Array, pa.Array]:
         """``prompt_ids`` (int32), ``completion_ids`` (int32), ``completion_logprobs`` (float32) as Arrow arrays."""

@@ -9,7 +9,9 @@ proxy's one event loop. These helpers do the per-id work in C:
   ``name`` for anything that is not a token id in [0, 2**31);
 * :func:`arrow` — an int32 Arrow array over the packed buffer (no copy);
 * :func:`json_list` — the ids as a compact JSON list (``"[1,2,3]"``), formatted by Arrow's cast and join kernels
-  (about 5x faster than ``json.dumps`` of a list at 128k ids).
+  (about 5x faster than ``json.dumps`` of a list at 128k ids);
+* :func:`json_list_extending` — the same text, formatting only the ids after an earlier list that is a prefix of
+  these (a session's next prompt extends its last one): the cost follows the new suffix, not the context.
 
 A packed array handed on is treated as read-only by everyone who holds it (the session graph shares it).
 """
@@ -60,4 +62,19 @@ def json_list(ids: Sequence[int]) -> str:
     return "[" + joined[0].as_py() + "]"
 
 
-__all__ = ["INT32_MAX", "arrow", "json_list", "pack"]
+def json_list_extending(ids: array[int], earlier: tuple[array[int], str] | None) -> str:
+    """:func:`json_list` of ``ids``, reusing ``earlier`` = ``(earlier_ids, json_list(earlier_ids))`` when
+    ``earlier_ids`` is a prefix of ``ids``. The prefix test is a C-level compare (``array`` equality); only the
+    new ids are formatted."""
+    if earlier is None:
+        return json_list(ids)
+    head, text = earlier
+    n = len(head)
+    if n == 0 or n > len(ids) or ids[:n] != head:
+        return json_list(ids)
+    if n == len(ids):
+        return text
+    return text[:-1] + "," + json_list(ids[n:])[1:]
+
+
+__all__ = ["INT32_MAX", "arrow", "json_list", "json_list_extending", "pack"]
