@@ -431,11 +431,13 @@ class PromptRenderer:
             raise ConversionError("internal", "rendered prompt starts with a doubled BOS token")
         return ids
 
-    def render(self, request: ModelRequest) -> RenderedPrompt:
+    def render(self, request: ModelRequest, encode: Callable[[str], tuple[int, ...]] | None = None) -> RenderedPrompt:
+        """The request's prompt text and ids; ``encode`` (default :meth:`encode`) may take the ids of a shared
+        leading turn from a cache (:class:`addon.generation.lead_cache.LeadCache`): the same ids, less work."""
         prompt = self.render_messages(request)
         text = self.render_text(prompt)
         kinds = tuple((t.name, _call_kind(t)) for t in prompt.offered)
-        return RenderedPrompt(self.encode(text), text, prompt.mode, len(prompt.offered), kinds)
+        return RenderedPrompt((encode or self.encode)(text), text, prompt.mode, len(prompt.offered), kinds)
 
     def count_tokens(self, request: ModelRequest) -> int:
         return len(self.render(request).prompt_ids)

@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from addon.generation.lead_cache import LeadCache
 from addon.generation.lineage import (
     FORK_REASONS,
     Context,
@@ -113,6 +114,8 @@ class SpliceRenderer:
       ``eot_id``: its first token when that is a special token (the end-of-turn the model samples), else None.
     * ``local``: the template renders a suffix the same whatever history precedes it (checked on probes).
     * ``renders_reasoning``: reasoning of an earlier turn appears in the rendered history.
+    * ``leads``: a full render (a first call, a fork, a side request) takes the ids of its leading turn from the
+      process-wide :class:`~addon.generation.lead_cache.LeadCache` and tokenises only the rest.
     """
 
     def __init__(self, renderer: PromptRenderer, config: SpliceConfig | None = None) -> None:
@@ -129,6 +132,8 @@ class SpliceRenderer:
         self.eot_id: int | None = close_ids[0] if close_ids and close_ids[0] in special else None
         eot_text = tok.decode([self.eot_id]) if self.eot_id is not None else ""
         self.close_rest = self.close_text[len(eot_text) :] if self.close_text.startswith(eot_text) else None
+        # the ids of a rendered prompt's leading turn (instructions, tools), shared by the process's sessions
+        self.leads = LeadCache(renderer.encode, eot_text)
         self.renders_reasoning = self._probe_reasoning()
         self.local = self._probe_local()
 
@@ -274,7 +279,7 @@ def _splice(
 
 
 def _root(request: ModelRequest, splicer: SpliceRenderer, reason: ForkReason, parent: CallNode | None) -> SplicePlan:
-    rendered = splicer.renderer.render(request)
+    rendered = splicer.renderer.render(request, encode=splicer.leads.encode)
     parent_id = parent.call_id if parent is not None else None
     return SplicePlan(
         rendered.prompt_ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds
