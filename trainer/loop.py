@@ -86,8 +86,8 @@ def say(message: str) -> None:
 
 
 def collect_command(run: RunConfig, group_size: int, url: str, out: Path, iteration: int) -> list[str]:
-    """The ``tasks.collect`` command line. No ``--seed``: it seeds every call alike, so the G rollouts of a task
-    would be identical and their group would carry no signal."""
+    """The ``tasks.collect`` command line; ``--seed`` only with ``run.collect_seed`` (the proxy hashes it with each
+    call's session and index, so the G rollouts of a task still differ)."""
     cmd = [
         str(run.proxy_python),
         "-m",
@@ -113,6 +113,8 @@ def collect_command(run: RunConfig, group_size: int, url: str, out: Path, iterat
     ]
     if run.collect_timeout is not None:
         cmd += ["--timeout", str(run.collect_timeout)]
+    if run.collect_seed is not None:
+        cmd += ["--seed", str(run.collect_seed)]
     return cmd
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,7 +38,7 @@ def test_run_state_round_trips_and_is_replaced_atomically(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_collect_command_never_seeds_the_rollouts(tmp_path: Path) -> None:
+def test_collect_command_seeds_the_collect_only_when_asked(tmp_path: Path) -> None:
     run = RunConfig(tasks="smoke", harnesses=("pi", "mini-swe-agent"), max_tasks=2, collect_timeout=90, seed=7)
     cmd = loop.collect_command(run, 4, "http://e:1", tmp_path / "c", 3)
     assert cmd[1:3] == ["-m", "tasks.collect"]
@@ -46,7 +47,9 @@ def test_collect_command_never_seeds_the_rollouts(tmp_path: Path) -> None:
     assert flags["--group-size"] == "4" and flags["--engine-url"] == "http://e:1"
     assert flags["--max-tasks"] == "2" and flags["--timeout"] == "90"
     assert flags["--run-dir"] == str(tmp_path / "c")
-    assert "--seed" not in flags  # one seed for every call would make the G rollouts of a task identical
+    assert "--seed" not in flags  # unseeded by default
+    seeded = loop.collect_command(replace(run, collect_seed=11), 4, "http://e:1", tmp_path / "c", 3)
+    assert seeded[-2:] == ["--seed", "11"]
 
 
 def test_a_completed_run_does_nothing(tmp_path: Path) -> None:
