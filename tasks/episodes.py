@@ -335,6 +335,26 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def task_markdown(episodes: Sequence[EpisodeRecord]) -> str:
+    """Per task and harness: passes of episodes, pass rate with its 95% Wilson interval, mean reward. This is how
+    a task set's difficulty is chosen by measurement (docs/tasks.md: a base pass rate between 5% and 50% gives a
+    group of G rollouts reward variance); empty input gives an empty string."""
+    from tasks.figures import wilson_interval
+
+    if not episodes:
+        return ""
+    cells: dict[tuple[str, str], list[EpisodeRecord]] = defaultdict(list)
+    for e in episodes:
+        cells[(e.task_id, e.harness)].append(e)
+    lines = ["| task | harness | passed / episodes | pass rate [95% interval] | mean reward |", "|---|---|---|---|---|"]
+    for (task, harness), eps in sorted(cells.items()):
+        k, n = sum(e.verifier_passed for e in eps), len(eps)
+        low, high = wilson_interval(k, n) or (0.0, 1.0)
+        reward = sum(e.reward for e in eps) / n
+        lines.append(f"| {task} | {harness} | {k} / {n} | {k / n:.0%} [{low:.0%}, {high:.0%}] | {reward:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------------------ outputs
 
 
@@ -377,14 +397,16 @@ def summary_figures(episodes: Sequence[EpisodeRecord], run: str = "") -> dict[st
 
 
 def write_outputs(out: Path, episodes: Sequence[EpisodeRecord]) -> dict[str, Path]:
-    """episodes.parquet, summary.csv, summary.md and the two bar charts (:func:`summary_figures`) under ``out``."""
+    """episodes.parquet, summary.csv, summary.md (the harness table, then :func:`task_markdown`) and the two bar
+    charts (:func:`summary_figures`) under ``out``."""
     from tasks.figures import png
 
     rows = summarize(episodes)
     files = {"episodes": out / "episodes.parquet", "csv": out / "summary.csv", "markdown": out / "summary.md"}
     write_episodes(files["episodes"], episodes)
     files["csv"].write_text(summary_csv(rows))
-    files["markdown"].write_text(summary_markdown(rows))
+    per_task = task_markdown(episodes)
+    files["markdown"].write_text(summary_markdown(rows) + (f"\n## Per task\n\n{per_task}" if per_task else ""))
     for name, fig in summary_figures(episodes, out.name).items():
         files[name] = out / f"{name}.png"
         files[name].write_bytes(png(fig))

@@ -30,6 +30,7 @@ from tasks.episodes import (
     summary_csv,
     summary_figures,
     summary_markdown,
+    task_markdown,
     write_episodes,
     write_outputs,
 )
@@ -159,12 +160,26 @@ def test_summary_csv_and_markdown_carry_every_row() -> None:
     assert md[2].startswith("| pi | 2 | 0.500 | 0.500 |")
 
 
+def test_the_per_task_table_gives_pass_rates_with_wilson_intervals() -> None:
+    eps = [make_episode("pi", "t1", g, passed=g < 1, reward=float(g < 1)) for g in range(4)]
+    eps += [make_episode("mini", "t1", 0, passed=False, reward=0.25)]
+    lines = task_markdown(eps).splitlines()
+    assert lines[0].startswith("| task | harness | passed / episodes |")
+    low, high = wilson_interval(1, 4) or (0, 0)
+    assert lines[2:] == [
+        "| t1 | mini | 0 / 1 | 0% [0%, 79%] | 0.250 |",
+        f"| t1 | pi | 1 / 4 | 25% [{low:.0%}, {high:.0%}] | 0.250 |",
+    ]
+    assert task_markdown([]) == ""
+
+
 def test_outputs_are_written_for_a_finished_run(tmp_path: Path) -> None:
     eps = [make_episode("pi", g=0), make_episode("pi", g=1, passed=False, reward=0.0), make_episode("mini")]
     files = write_outputs(tmp_path, eps)
     assert set(files) == {"episodes", "csv", "markdown", "pass_at_1", "tool_calls"}
     assert read_episodes(files["episodes"]) == eps
     assert files["csv"].read_text().splitlines()[1].startswith("pi,2,0.500,0.500")
+    assert "## Per task" in files["markdown"].read_text()
     for k in ("pass_at_1", "tool_calls"):
         image = Image.open(files[k])
         assert image.format == "PNG" and image.size[0] > 400 and image.size[1] > 200
