@@ -53,7 +53,7 @@ if str(_ROOT) not in sys.path:
 from addon.generation.sessions import SESSION_HEADER  # noqa: E402
 from addon.records.store import RecordStoreError  # noqa: E402
 from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
-from addon.serving.config import CaptureConfig, add_options  # noqa: E402
+from addon.serving.config import OPTIONS, CaptureConfig, add_options  # noqa: E402
 from addon.serving.runtime import Runtime  # noqa: E402
 from addon.serving.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
 from converters.canonical import ConversionError  # noqa: E402
@@ -90,7 +90,8 @@ class Capture:
     async def running(self) -> None:
         assert self.config is not None
         try:
-            self.runtime = await Runtime.start(self.config)
+            options = {name: getattr(ctx.options, name) for name, *_ in OPTIONS}  # what worker processes rebuild
+            self.runtime = await Runtime.start(self.config, options)
         except Exception as e:
             await self._fail_start(e)
             return
@@ -173,8 +174,14 @@ class Capture:
         if isinstance(verdict, Refused):
             flow.response = _response(verdict)
         elif isinstance(verdict, Admitted):
+            port = self._port_for(verdict.session)
+            if port is None:
+                reason = "the generation worker of this session is restarting"
+                log.warning("harnessrl: 503 for %s %s: %s", req.method, req.pretty_url, reason)
+                flow.response = _response(unavailable(arrival, reason, RETRY_AFTER_S))
+                return
             try:
-                self._retarget(flow, verdict)
+                self._retarget(flow, verdict, port)
             except ConversionError as err:  # framing the internal server must not be left to guess
                 log.warning("harnessrl: refused %s %s: %s", req.method, req.pretty_url, err.message)
                 flow.response = _response(refusal(verdict.call.route.format, err))
@@ -182,8 +189,14 @@ class Capture:
             reply = await self.runtime.answer_locally(verdict.decision, req.raw_content or b"", arrival.headers)
             flow.response = http.Response.make(reply.status, reply.body, reply.headers)
 
-    def _retarget(self, flow: http.HTTPFlow, admitted: Admitted) -> None:
+    def _port_for(self, session: str) -> int | None:
+        """The internal port that answers ``session``: this process's, or its worker's (``None``: restarting)."""
         assert self.runtime is not None
+        workers = self.runtime.workers
+        owner = workers.owner(session) if workers is not None else 0
+        return self.runtime.port if owner == 0 or workers is None else workers.port_of(owner)
+
+    def _retarget(self, flow: http.HTTPFlow, admitted: Admitted, port: int) -> None:
         req = flow.request
         for name in INTERNAL_HEADERS:
             req.headers.pop(name, None)  # a client cannot spoof the proxy's own bookkeeping
@@ -191,7 +204,7 @@ class Capture:
         req.headers[HEADER_SESSION] = admitted.session
         req.headers[HEADER_PATH] = admitted.original
         req.headers[HEADER_CALL_ID] = uuid.uuid4().hex
-        req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", self.runtime.port, CALL_PATH
+        req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, CALL_PATH
         flow.metadata["harnessrl"] = admitted.session
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:

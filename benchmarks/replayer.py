@@ -330,7 +330,8 @@ def recover(records_dirs: Sequence[Path]) -> int:
     """Open and close each folder's record store (its writer must have stopped), turning rows a crash or an
     interrupted shutdown left in the write-ahead log into a shard, as the next proxy start would. Returns them."""
     recovered = 0
-    for d in records_dirs:
+    stores = [p for d in records_dirs for p in (Path(d), *sorted(Path(d).glob("worker-*")))]  # harnessrl_workers
+    for d in stores:
         if list_segments(Path(d) / "wal"):
             store = RecordStore.open(d)
             recovered += store.recovery.recovered_rows

@@ -187,12 +187,16 @@ def load_levels(
     rows: list[LevelRow] = []
     for n in levels:
         rows.append(run_level("direct", Direct(engine_url), n, seconds, seed)[0])
-        for k, base_url in [(k, False) for k in sorted({1, procs})] + [(1, True)]:
-            handles = tree.start_proxies(engine_url, k, work / f"lvl-{n}-{k}-{base_url}", model_dir)
+        # (mitmdump processes, base URL, generation workers per mitmdump)
+        variants = [(k, False, 1) for k in sorted({1, procs})] + ([(1, False, procs)] if procs > 1 else [])
+        for k, base_url, workers in [*variants, (1, True, 1)]:
+            options = (f"harnessrl_workers={workers}",)
+            where = work / f"lvl-{n}-{k}-{base_url}-w{workers}"
+            handles = tree.start_proxies(engine_url, k, where, model_dir, options=options)
             name, target = (
                 ("harnessrl base URL x1", BaseUrl(tuple(handles)))
                 if base_url
-                else (f"harnessrl x{k}", Proxied(tuple(handles)))
+                else (f"harnessrl x{k}" + (f" workers{workers}" if workers > 1 else ""), Proxied(tuple(handles)))
             )
             try:
                 row, log = run_level(name, target, n, seconds, seed)
@@ -404,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-url", default="", help="a real vLLM engine for the end-to-end replay (optional)")
     ap.add_argument("--openenv-python", default="", help="python of a venv with openenv installed (optional)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--only", choices=["relay", "e2e"], default=None, help="one extra stage, to its own page")
+    ap.add_argument("--only", choices=["relay", "e2e", "workers"], default=None,
+                    help="one stage, to its own page")  # fmt: skip
     args = ap.parse_args(argv)
     cmd = "python benchmarks/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.only:
@@ -446,11 +451,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def only(args: argparse.Namespace, cmd: str) -> int:
     """``--only relay``: added latency by context through mitmproxy and straight to the same proxy's internal
-    server (mitmproxy's share of the cost); ``--only e2e``: the real-engine replay. Each writes its own page."""
+    server (mitmproxy's share of the cost); ``--only e2e``: the real-engine replay; ``--only workers``: the load
+    levels alone (direct, one mitmdump, ``--procs`` mitmdumps, one mitmdump with ``--procs`` generation workers, the
+    base URL), with their table. Each writes its own page."""
     out: dict[str, Any] = {"load_start": tree.loadavg()}
+    table: list[str] = []
     with tempfile.TemporaryDirectory(prefix="harnessrl-bench-") as tmp:
         work = Path(tmp)
-        if args.only == "e2e":
+        if args.only == "workers":
+            engine = fake_engine.spawn(
+                args.model_dir, launch.free_port(), token_rate=args.token_rate, tokens=args.tokens
+            )
+            try:
+                levels = load_levels(engine.url, args.levels, args.procs, args.seconds, args.seed, args.model_dir, work)
+            finally:
+                engine.stop()
+            table = ["## Load levels", "", *fraction_table(levels), ""]
+            out["levels"] = [asdict(r) for r in levels]
+        elif args.only == "e2e":
             out["e2e"] = real_engine(args.engine_url, work, args.seed)
         else:
             unpaced = fake_engine.spawn(args.model_dir, launch.free_port(), token_rate=0, tokens=args.tokens)
@@ -472,7 +490,7 @@ def only(args: argparse.Namespace, cmd: str) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.only}.md").write_text(
         f"# {args.only}\n\nMachine: {tree.machine_facts().markdown()}. Commit {tree.git_rev()}.\n\n"
-        f"Command: `{cmd}`\n\n```json\n{text}\n```\n"
+        f"Command: `{cmd}`\n\n" + "\n".join(table) + f"\n```json\n{text}\n```\n"
     )
     print(text)
     return 0

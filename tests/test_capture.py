@@ -469,6 +469,7 @@ class StubRuntime:
     def __init__(self, port: int = 9) -> None:
         self.port = port
         self.engine = SimpleNamespace(describe=lambda: "a stub engine")
+        self.workers = None  # one process: every call goes to ``port``
 
     async def stop(self) -> None:
         pass
@@ -476,7 +477,7 @@ class StubRuntime:
 
 @asynccontextmanager
 async def addon_with(
-    monkeypatch: pytest.MonkeyPatch, start: Callable[[object], Awaitable[object]], **options: object
+    monkeypatch: pytest.MonkeyPatch, start: Callable[..., Awaitable[object]], **options: object
 ) -> AsyncIterator[tuple[Capture, taddons.context]]:
     """The capture addon in a mitmproxy test context, its ``Runtime.start`` replaced by ``start``."""
     monkeypatch.setattr(capture_module, "Runtime", SimpleNamespace(start=start))
@@ -517,7 +518,7 @@ async def test_a_call_with_two_user_agent_lines_reaches_aiohttp_as_one(monkeypat
         status, body = await send_raw(port, assemble_request(as_sent))  # what went wrong before the fold
         assert status == 400 and b"Duplicate 'User-Agent' header" in body
 
-        async def start(config: object) -> StubRuntime:
+        async def start(config: object, options: object = None) -> StubRuntime:
             return StubRuntime(port)
 
         async with addon_with(monkeypatch, start) as (addon, _):
@@ -532,7 +533,7 @@ async def test_a_call_with_two_user_agent_lines_reaches_aiohttp_as_one(monkeypat
 
 
 async def test_disagreeing_content_lengths_get_a_vendor_400_and_are_not_forwarded(monkeypatch) -> None:
-    async def start(config: object) -> StubRuntime:
+    async def start(config: object, options: object = None) -> StubRuntime:
         return StubRuntime()
 
     flow = anthropic_flow((b"Content-Length", b"3"))
@@ -559,7 +560,7 @@ def assert_503(flow: mhttp.HTTPFlow, shape: str, reason: str) -> None:
 async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
     release = asyncio.Event()
 
-    async def start(config: object) -> StubRuntime:
+    async def start(config: object, options: object = None) -> StubRuntime:
         await release.wait()
         return StubRuntime()
 
@@ -575,7 +576,7 @@ async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
 
 
 async def test_a_call_waits_for_a_slow_start_up_at_most_startup_wait_s(monkeypatch) -> None:
-    async def start(config: object) -> StubRuntime:
+    async def start(config: object, options: object = None) -> StubRuntime:
         await asyncio.Event().wait()  # a start-up that never ends
         raise AssertionError("unreachable")
 
@@ -593,7 +594,7 @@ async def test_a_failed_start_up_answers_503_at_once_and_shuts_the_proxy_down(mo
     """Regression (issue 15): a start-up that raised left every intercepted call waiting forever."""
     fail = asyncio.Event()
 
-    async def start(config: object) -> StubRuntime:
+    async def start(config: object, options: object = None) -> StubRuntime:
         await fail.wait()
         raise RecordStoreError("runs/records is already open by another record store")
 

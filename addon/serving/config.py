@@ -74,7 +74,16 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_gc_young", int, 5_000, "Collector's young threshold, start-up heap frozen (0: Python's defaults)."),
     ("harnessrl_malloc_arenas", int, 2, "glibc M_ARENA_MAX for the proxy process (0: glibc's default)."),
     ("harnessrl_trim_every", int, 30, "Return glibc's free memory to the system at most every N s (0: never)."),
+    (
+        "harnessrl_workers",
+        int,
+        1,
+        "Generation processes: 1 answers every call in the mitmproxy process; N > 1 adds N - 1 worker processes, "
+        "each session handled by one (addon/serving/workers.py). About one per core left after the engine.",
+    ),
 )
+
+MAX_WORKERS = 64
 
 
 def add_options(loader) -> None:
@@ -100,6 +109,7 @@ class CaptureConfig:
     base_url: bool = True
     engine_wait_s: float = 600.0
     startup_wait_s: float = 120.0
+    workers: int = 1
 
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
@@ -132,6 +142,10 @@ class CaptureConfig:
         for name in ("harnessrl_default_max_tokens", "harnessrl_max_body", "harnessrl_shard_rows"):
             if getattr(o, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(o, name)}")
+        if not 1 <= o.harnessrl_workers <= MAX_WORKERS:
+            raise ValueError(
+                f"harnessrl_workers must be between 1 and {MAX_WORKERS} (about one per core), got {o.harnessrl_workers}"
+            )
         return cls(
             engine_urls=engine_urls,
             model_dir=Path(o.harnessrl_model_dir) if o.harnessrl_model_dir else None,
@@ -158,6 +172,7 @@ class CaptureConfig:
             base_url=o.harnessrl_base_url,
             engine_wait_s=float(o.harnessrl_engine_wait_s),
             startup_wait_s=float(o.harnessrl_startup_wait_s),
+            workers=o.harnessrl_workers,
             tuning=ProcessTuning(
                 gc_young=o.harnessrl_gc_young,
                 malloc_arenas=o.harnessrl_malloc_arenas,

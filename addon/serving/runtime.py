@@ -40,6 +40,7 @@ from addon.serving.config import CaptureConfig
 from addon.serving.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
 from addon.serving.server import InternalServer
 from addon.serving.tuning import Trimmer
+from addon.serving.workers import WorkerPool
 from converters import dialect_for
 from converters.base import Route, load_json_object
 from converters.canonical import ConversionError
@@ -62,19 +63,24 @@ class Runtime:
         self._bind_lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
         self.trimmer = Trimmer(config.tuning)
+        self.workers: WorkerPool | None = None  # the other generation processes (harnessrl_workers > 1)
 
     @property
     def port(self) -> int:
         return self.server.port if self.server else 0
 
     @classmethod
-    async def start(cls, config: CaptureConfig) -> Runtime:
+    async def start(cls, config: CaptureConfig, options: Mapping[str, Any] | None = None) -> Runtime:
+        """Open the store, start the internal server and, with ``config.workers > 1``, the worker processes, which
+        get ``options`` (the proxy's ``harnessrl_*`` option values) to build the same configuration."""
         for line in tuning.apply_allocator(config.tuning):  # before the first worker thread allocates
             log.info("harnessrl: %s", line)
         store = await asyncio.to_thread(
             RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
         )
         runtime = cls(config, EnginePool.from_urls(config.engine_urls, wait_s=config.engine_wait_s), store)
+        if config.workers > 1:
+            runtime.workers = WorkerPool(config.workers, options or {}, store.run_id, config.records_dir)
         runtime.server = InternalServer(
             _LazyGenerator(runtime),
             runtime.sessions,
@@ -84,11 +90,14 @@ class Runtime:
             flush_session=store.close_session,
             set_policy_version=runtime.set_policy_version,
             memory_probes=runtime.memory_probes(),
+            peers=runtime.workers,
         )
         if config.base_url:
             BaseUrlEndpoint(runtime.server, config.session_sources, config.max_body, runtime.answer_locally).install()
         try:
             await runtime.server.start(port=config.server_port)
+            if runtime.workers is not None:
+                await runtime.workers.start()
             try:
                 await runtime.bind()
             except EngineError as e:
@@ -182,8 +191,10 @@ class Runtime:
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        if self.server is not None:
-            await self.server.stop()
+        stopping = [self.server.stop()] if self.server is not None else []
+        if self.workers is not None:
+            stopping.append(self.workers.stop())  # each finishes its calls and closes its own store
+        await asyncio.gather(*stopping)
         await asyncio.to_thread(self.store.close)
         await self.engine.aclose()
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -55,6 +56,7 @@ from addon.generation.stats import Stats
 from addon.serving import memory
 from addon.serving.admission import Admitted, Arrival, admit
 from addon.serving.routes import ModelCall
+from addon.serving.workers import merge_stats
 
 log = logging.getLogger("harnessrl.server")
 
@@ -153,6 +155,17 @@ class CallHandler(Protocol):
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None: ...
 
 
+class Peers(Protocol):
+    """The other generation processes of a multi-worker proxy (:class:`addon.serving.workers.WorkerPool`): admin
+    routes on this server (worker 0) fan out to them."""
+
+    def owner(self, session: str) -> int: ...
+
+    def describe(self) -> list[dict[str, Any]]: ...
+
+    async def admin(self, method: str, path: str, body: Any = None, index: int | None = None) -> list[dict]: ...
+
+
 class InternalServer:
     def __init__(
         self,
@@ -165,8 +178,10 @@ class InternalServer:
         set_policy_version=None,
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
         memory_probes: Mapping[str, Callable[[], Any]] | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.generator = generator
+        self.peers = peers
         self.shutdown_grace_s = shutdown_grace_s
         self.sessions = sessions
         self.stats = stats
@@ -280,10 +295,17 @@ class InternalServer:
             {k: (sorted(v) if isinstance(v, set) else v) for k, v in asdict(s).items()}
             for s in self.sessions.snapshot()
         ]
+        if self.peers is not None:
+            for answer in await self.peers.admin("GET", "sessions"):
+                sessions.extend(answer.get("sessions", []))
         return web.json_response({"sessions": sessions})
 
     async def _close(self, request: web.Request) -> web.Response:
         session = request.match_info["session"]
+        owner = self.peers.owner(session) if self.peers is not None else 0
+        if owner and self.peers is not None:  # the session lives in another worker: its store flushes it
+            (answer,) = await self.peers.admin("POST", f"sessions/{quote(session, safe='')}/close", index=owner)
+            return web.json_response(answer, status=503 if "error" in answer else 200)
         state = self.sessions.close(session)
         if self._flush_session is not None:
             await asyncio.to_thread(self._flush_session, session)
@@ -299,10 +321,18 @@ class InternalServer:
             return web.json_response({"error": 'expected {"version": <int>}'}, status=400)
         if self._set_policy_version is not None:
             self._set_policy_version(version)
+        if self.peers is not None:
+            failed = [a for a in await self.peers.admin("POST", "policy_version", {"version": version}) if "error" in a]
+            if failed:
+                return web.json_response({"version": version, "workers_failed": failed}, status=503)
         return web.json_response({"version": version})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats.snapshot() | {"loop": self.loop_monitor.snapshot()})
+        own = self.stats.snapshot() | {"loop": self.loop_monitor.snapshot()}
+        if self.peers is None:
+            return web.json_response(own)
+        merged = merge_stats(own, await self.peers.admin("GET", "stats"))
+        return web.json_response(merged | {"worker_processes": self.peers.describe()})
 
     async def _memory(self, request: web.Request) -> web.Response:
         try:
@@ -311,10 +341,15 @@ class InternalServer:
             return web.json_response({"error": "top must be an integer"}, status=400)
         walk = request.query.get("objects", "1") != "0"
         report = await asyncio.to_thread(memory.memory_report, self._memory_probes, max(1, min(top, 200)), walk)
+        if self.peers is not None:
+            report["workers"] = await self.peers.admin("GET", f"memory?top={top}&objects={int(walk)}")
         return web.json_response(report)
 
     async def _trim(self, request: web.Request) -> web.Response:
-        return web.json_response(await asyncio.to_thread(memory.trim))
+        report: dict[str, Any] = dict(await asyncio.to_thread(memory.trim))
+        if self.peers is not None:
+            report["workers"] = await self.peers.admin("POST", "memory/trim")
+        return web.json_response(report)
 
 
 # (pattern on the User-Agent, harness name). The version is the first dotted number after the match. Some harnesses
