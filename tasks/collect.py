@@ -130,6 +130,8 @@ def start_proxies(
     base = [f"harnessrl_max_calls={config.max_calls}", f"harnessrl_run_id={config.run_id}"]
     if config.seed is not None:
         base.append(f"harnessrl_seed={config.seed}")
+    if config.temperature is not None:
+        base.append(f"harnessrl_temperature={config.temperature:g}")
     proxies: dict[tuple[str, ...], launch.ProxyHandle] = {}
     for options in dict.fromkeys(HARNESSES[h].proxy_options for h in config.harnesses):
         name = f"proxy-{len(proxies)}"
@@ -348,6 +350,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--on-crash", type=_stop_reward, default=0.0, help="a number or 'score'")
     ap.add_argument("--max-calls", type=int, default=int(env.get("MAX_CALLS") or 8), help="per episode ($MAX_CALLS)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sample every call at this temperature (default: the request's, else 1.0)")  # fmt: skip
     ap.add_argument("--keep-workspaces", action="store_true", help="keep each workspace under the run dir")
     ap.add_argument("--sandbox", choices=("namespaces", "none"), default=env.get("SANDBOX") or "namespaces",
                     help="namespaces: network to the proxy only, workspace at /app; none: opt out")  # fmt: skip
@@ -376,6 +380,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         on_crash=args.on_crash,
         max_calls=args.max_calls,
         seed=args.seed,
+        temperature=args.temperature,
         keep_workspaces=args.keep_workspaces,
         sandbox=_sandbox(args),
         **optional,

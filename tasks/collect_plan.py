@@ -82,11 +82,16 @@ class CollectConfig:
     """Model calls per episode (the proxy's harnessrl_max_calls); 0: no cap."""
     seed: int | None = None
     """Shuffles the rollout order and seeds sampling of calls that give no seed (None: unseeded)."""
+    temperature: float | None = None
+    """Sample every call at this temperature (the proxy's ``harnessrl_temperature``); None: the temperature the
+    harness asks for, else 1.0. The records say what was applied and the trainer scales its logits to match."""
     keep_workspaces: bool = False
     sandbox: SandboxConfig = SandboxConfig()
     """Where harnesses and verifiers run; mode "none" opts out of the namespaces sandbox (limits still apply)."""
 
     def __post_init__(self) -> None:
+        if self.temperature is not None and not 0 < self.temperature <= 2:
+            raise CollectConfigError(f"temperature must be in (0, 2], got {self.temperature}")
         if not self.tasks:
             raise CollectConfigError("tasks is empty: give a task folder or a built-in subset such as 'smoke'")
         if not self.harnesses:

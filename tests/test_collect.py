@@ -81,6 +81,8 @@ def test_all_expands_to_every_registered_harness() -> None:
         ({"engine_url": "localhost:8000"}, "http"),
         ({"engine_url": "", "engine_python": Path("/nonexistent/python")}, "make engine-env"),
         ({"tasks": ""}, "tasks is empty"),
+        ({"temperature": 0.0}, r"temperature must be in \(0, 2\]"),
+        ({"temperature": 2.5}, r"temperature must be in \(0, 2\]"),
     ],
 )
 def test_invalid_settings_are_rejected_with_what_to_change(kw: dict, message: str) -> None:
@@ -232,6 +234,8 @@ def test_cli_flags_mirror_the_make_variables() -> None:
     flags = build_parser(env).parse_args(["--harnesses", "pi,mini-swe-agent", "-G", "3", "--tasks", "smoke"])
     c = config_from_args(flags)
     assert (c.harnesses, c.group_size, c.tasks) == (("pi", "mini-swe-agent"), 3, "smoke")
+    assert c.temperature is None  # the harness's own request decides
+    assert config_from_args(build_parser(env).parse_args(["--temperature", "0.7"])).temperature == 0.7
 
 
 def test_cli_reports_a_bad_setting_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Oracle solution for list-files-long: the instructed command.
+set -euo pipefail
+cd "${TASK_WORKDIR:-/app}"
+ls -l > long.txt

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Oracle solution for mkdir-test: the instructed command.
+set -euo pipefail
+cd "${TASK_WORKDIR:-/app}"
+mkdir test

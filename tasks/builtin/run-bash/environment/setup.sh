@@ -1,0 +1,1 @@
+printf 'set up 1207\n' > setup.log

@@ -1,0 +1,20 @@
+"""Hidden check for run-script: did the one instructed command run? It leaves ran.txt from the run script.
+
+Usage: check.py WORKSPACE REWARD_FILE. Reward 1 when it did, else 0 (pass/fail: the effect is all or nothing).
+"""
+
+import sys
+from pathlib import Path
+
+WORK = Path(sys.argv[1])
+REWARD = Path(sys.argv[2])
+
+
+def holds():
+    path = WORK / "ran.txt"
+    return path.is_file() and path.read_text(errors="replace") == "ran 6650\n"
+
+
+ok = holds()
+print(("PASS" if ok else "FAIL") + ": ran.txt holds what ./run writes")
+REWARD.write_text("1\n" if ok else "0\n")

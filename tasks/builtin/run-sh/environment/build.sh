@@ -1,0 +1,1 @@
+printf 'sh build 903\n' > out.txt

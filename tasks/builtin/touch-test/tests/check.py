@@ -1,0 +1,24 @@
+"""Hidden check for touch-test: test.txt exists
+
+Usage: check.py WORKSPACE REWARD_FILE. Reward 1 when it holds, else 0.
+"""
+
+import sys
+from pathlib import Path
+
+WORK = Path(sys.argv[1])
+REWARD = Path(sys.argv[2])
+
+
+def text(name):
+    path = WORK / name
+    return path.read_text(errors="replace") if path.is_file() else None
+
+
+def holds():
+    return text("test.txt") is not None
+
+
+ok = holds()
+print(("PASS" if ok else "FAIL") + ": test.txt exists")
+REWARD.write_text("1\n" if ok else "0\n")
