@@ -314,9 +314,9 @@ bench: proxy-env engine-env
 .PHONY: bench-learning
 bench-learning: proxy-env engine-env model
 	$(ENGINE_PY) benchmarks/learning_cpu.py \
-	  --tasks '$(if $(filter file,$(origin TASKS)),warmup,$(TASKS))' \
+	  --tasks '$(if $(filter file,$(origin TASKS)),learn,$(TASKS))' \
 	  --harnesses '$(if $(filter file,$(origin HARNESSES)),mini-swe-agent,$(HARNESSES))' \
-	  --seeds '$(or $(SEEDS),3)' --iterations '$(or $(ITERATIONS),3)' --cache-dir '$(CACHE_DIR)' \
+	  --seeds '$(or $(SEEDS),3)' --iterations '$(or $(ITERATIONS),2)' --cache-dir '$(CACHE_DIR)' \
 	  --engine-url '$(ENGINE_URL)' $(LEARNING_ARGS)
 
 check-tasks: proxy-env

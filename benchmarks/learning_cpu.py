@@ -17,7 +17,7 @@ significant, whatever it is.
 ``--throughput-samples N`` (default 0: off) then compares, side by side on the same batch, one optimizer step of our
 trainer (PPO-clip against the captured logprobs) and one of a plain TRL ``SFTTrainer``: tokens/s and their ratio.
 
-Usage (engine env): ``python benchmarks/learning_cpu.py [--tasks warmup] [--seeds 3] [--iterations 3]
+Usage (engine env): ``python benchmarks/learning_cpu.py [--tasks learn] [--seeds 3] [--iterations 2]
 [--engine-url URL] [--out benchmarks/results]`` or ``make bench-learning``.
 """
 
@@ -46,20 +46,20 @@ from trainer.samples import Sample  # noqa: E402
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", default="warmup", help="a built-in subset or a task folder; split into train/held-out")
+    p.add_argument("--tasks", default="learn", help="a built-in subset or a task folder; split into train/held-out")
     p.add_argument("--harnesses", default="mini-swe-agent")
     p.add_argument("--group-size", "-G", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--seeds", type=int, default=3, help="seeds 1..N, each a treatment and a control run")
     p.add_argument("--max-tasks", type=int, default=0, help="training tasks per collect (0: all)")
-    p.add_argument("--eval-group-size", type=int, default=2, help="held-out episodes per task and harness")
+    p.add_argument("--eval-group-size", type=int, default=3, help="held-out episodes per task and harness")
     p.add_argument("--reward", default="fractional")
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--engine-url", default="", help="default: start one (and stop it at the end)")
     p.add_argument("--cache-dir", type=Path, default=Path(".cache/harnessrl"))
     p.add_argument("--work-dir", type=Path, default=None, help="default: runs/bench/learning-cpu-<time>")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=4, help="rollouts at once (4 keeps a 2-core CPU engine busy)")
     p.add_argument("--throughput-samples", type=int, default=0)
     ns = p.parse_args(argv)
     if ns.seeds < 1 or ns.iterations < 1 or ns.group_size < 2:
