@@ -194,7 +194,7 @@ class Capture:
         assert self.runtime is not None
         workers = self.runtime.workers
         owner = workers.owner(session) if workers is not None else 0
-        return self.runtime.port if owner == 0 or workers is None else workers.port_of(owner)
+        return workers.port_of(owner) if workers is not None and owner else self.runtime.port
 
     def _retarget(self, flow: http.HTTPFlow, admitted: Admitted, port: int) -> None:
         req = flow.request

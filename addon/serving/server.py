@@ -302,8 +302,7 @@ class InternalServer:
 
     async def _close(self, request: web.Request) -> web.Response:
         session = request.match_info["session"]
-        owner = self.peers.owner(session) if self.peers is not None else 0
-        if owner and self.peers is not None:  # the session lives in another worker: its store flushes it
+        if self.peers is not None and (owner := self.peers.owner(session)):  # another worker's: its store flushes it
             (answer,) = await self.peers.admin("POST", f"sessions/{quote(session, safe='')}/close", index=owner)
             return web.json_response(answer, status=503 if "error" in answer else 200)
         state = self.sessions.close(session)

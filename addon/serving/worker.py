@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 from addon.serving.config import OPTIONS, CaptureConfig
 from addon.serving.runtime import Runtime
-from addon.serving.workers import READY_PREFIX, parent_gone
+from addon.serving.workers import READY_PREFIX
 
 log = logging.getLogger("harnessrl.worker")
 
@@ -50,6 +50,11 @@ def worker_config(options_json: str, run_id: str, records_dir: Path) -> CaptureC
     values = {name: default for name, _, default, _ in OPTIONS} | json.loads(options_json)
     config = CaptureConfig.from_options(SimpleNamespace(**values))
     return dataclasses.replace(config, records_dir=records_dir, run_id=run_id, server_port=0, base_url=False, workers=1)
+
+
+def parent_gone(parent: int) -> bool:
+    """Whether the process that started this worker is gone (re-parented to init or a subreaper)."""
+    return os.getppid() != parent
 
 
 async def serve(config: CaptureConfig, index: int) -> int:

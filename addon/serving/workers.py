@@ -31,10 +31,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,33 +207,18 @@ async def _drain(stream: asyncio.StreamReader) -> None:
         pass
 
 
-_SUMMED = ("calls", "completion_tokens")
-
-
 def merge_stats(own: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Worker 0's stats with the counters of every worker added (calls, tokens, errors, missing logprobs, calls/s)
     and each worker's own snapshot under ``"workers"``; latency percentiles stay per worker (they do not add up)."""
+    snapshots = [own, *(o for o in others if not isinstance(o.get("error"), str))]  # leave out workers that failed
     merged = dict(own)
-    answered = [o for o in others if not isinstance(o.get("error"), str)]  # a worker that did not answer
-    for key in _SUMMED:
-        merged[key] = own.get(key, 0) + sum(o.get(key, 0) for o in answered)
-    merged["calls_per_s_last_60s"] = round(
-        own.get("calls_per_s_last_60s", 0.0) + sum(o.get("calls_per_s_last_60s", 0.0) for o in answered), 3
-    )
-    errors: dict[str, int] = dict(own.get("errors", {}))
-    for o in answered:
-        for kind, count in o.get("errors", {}).items():
-            errors[kind] = errors.get(kind, 0) + count
-    merged["errors"] = errors
-    missing = dict(own.get("missing_logprobs", {"tokens": 0, "calls": 0}))
-    for o in answered:
-        for kind, count in o.get("missing_logprobs", {}).items():
-            missing[kind] = missing.get(kind, 0) + count
-    merged["missing_logprobs"] = missing
+    for key in ("calls", "completion_tokens"):
+        merged[key] = sum(s.get(key, 0) for s in snapshots)
+    merged["calls_per_s_last_60s"] = round(sum(s.get("calls_per_s_last_60s", 0.0) for s in snapshots), 3)
+    for key in ("errors", "missing_logprobs"):  # counts by kind
+        totals: Counter[str] = Counter()
+        for s in snapshots:
+            totals.update(s.get(key, {}))
+        merged[key] = dict(totals)
     merged["workers"] = [{"worker": 0, **{k: v for k, v in own.items() if k != "workers"}}, *others]
     return merged
-
-
-def parent_gone(parent: int) -> bool:
-    """Whether the process that started this worker is gone (re-parented to init or a subreaper)."""
-    return os.getppid() != parent
