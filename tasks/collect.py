@@ -24,9 +24,12 @@ importable from here too. :func:`collect` then
 5. shows a progress line on stderr, rewrites ``episodes.parquet`` after each episode (tmp + rename), and at the
    end writes ``summary.csv``, ``summary.md``, ``pass_at_1.png``, ``tool_calls.png`` and prints the summary.
 
-Everything started is stopped in ``finally`` (errors, Ctrl-C). A rollout that raises becomes an episode with
-``error`` set and ``crashed`` true, never the end of the run. ``crashed`` also marks a harness that exited non-zero
-without a budget stop; ``timed_out`` counts as a budget stop (time), as in :class:`~tasks.rewards.RewardConfig`.
+Everything started is stopped in ``finally`` (errors, Ctrl-C). Ctrl-C or SIGTERM also stops the rollouts: queued
+ones never start, running ones start no next process, and their harness and verifier groups are signalled until
+they return (:func:`stop_rollouts`); only episodes that ended before the stop are written. A rollout that raises
+becomes an episode with ``error`` set and ``crashed`` true, never the end of the run. ``crashed`` also marks a
+harness that exited non-zero without a budget stop; ``timed_out`` counts as a budget stop (time), as in
+:class:`~tasks.rewards.RewardConfig`.
 
 Run from the proxy env: ``python -m tasks.collect --help``.
 
@@ -43,9 +46,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,6 +91,9 @@ from tasks.sandbox import SandboxConfig
 from tasks.workspace import VerifierResult, prepare_workspace, run_verifier
 
 TAIL_CHARS = 2000
+# After Ctrl-C/SIGTERM: how long the harnesses get to end on SIGTERM before SIGKILL, and how often they are signalled
+STOP_GRACE_S = 10.0
+STOP_POLL_S = 0.25
 
 
 # ------------------------------------------------------------------------------------------------ services
@@ -173,23 +180,39 @@ def rollout_timeout(r: Rollout, config: CollectConfig) -> float:
     return config.timeout_s or max(r.spec.timeout_s, r.task.agent_timeout_s)
 
 
+class RolloutStopped(Exception):
+    """The collection is stopping (Ctrl-C, SIGTERM): a rollout starts no further process."""
+
+
 def run_rollout(
-    r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder, scratch: Path
+    r: Rollout,
+    config: CollectConfig,
+    proxy: launch.ProxyHandle,
+    rewarder: Rewarder,
+    scratch: Path,
+    stop: threading.Event,
 ) -> EpisodeRecord:
-    """Workspace, harness, verifier, call stats, reward (see the module docstring)."""
+    """Workspace, harness, verifier, call stats, reward (see the module docstring); ``stop`` set: no next step."""
     started, t0 = datetime.now(UTC), time.monotonic()
     timeout = rollout_timeout(r, config)
     workspace = prepare_workspace(r.task, scratch / "workspace").path
     url, harness_scratch = proxy.url(r.session_id), scratch / "harness"
+    _check(stop)
     run = run_harness(
         r.spec, r.task.instruction, workspace, url, proxy.ca, timeout, scratch=harness_scratch, sandbox=config.sandbox
     )
+    _check(stop)
     verdict = run_verifier(r.task, workspace, sandbox=config.sandbox)
     try:
         stats = session_stats(proxy, r.session_id)
     except (httpx.HTTPError, OSError):  # keep the harness's outcome: the final join (rejoin) recounts its calls
         stats = CallStats()
     return episode(r, config, rewarder, started, time.monotonic() - t0, run, verdict, stats)
+
+
+def _check(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise RolloutStopped("the collection was stopped before this rollout ended")
 
 
 def episode(
@@ -236,14 +259,16 @@ def episode(
     )
 
 
-def safe_rollout(r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder) -> EpisodeRecord:
+def safe_rollout(
+    r: Rollout, config: CollectConfig, proxy: launch.ProxyHandle, rewarder: Rewarder, stop: threading.Event
+) -> EpisodeRecord:
     """:func:`run_rollout` in its own scratch folder; an exception becomes an error episode, not a lost run."""
     started, t0 = datetime.now(UTC), time.monotonic()
     keep = config.out / "workspaces" / r.session_id if config.keep_workspaces else None
     with tempfile.TemporaryDirectory(prefix=f"harnessrl-{r.session_id}-", ignore_cleanup_errors=True) as tmp:
         scratch = keep or Path(tmp)
         try:
-            return run_rollout(r, config, proxy, rewarder, scratch)
+            return run_rollout(r, config, proxy, rewarder, scratch, stop)
         except Exception as e:  # one broken rollout must not end the run; the episode records why
             why = f"{type(e).__name__}: {e}"
             return episode(r, config, rewarder, started, time.monotonic() - t0, None, None, CallStats(), why)
@@ -276,9 +301,9 @@ def collect(config: CollectConfig, log: TextIO = sys.stderr) -> CollectResult:
         url = stack.enter_context(engine(config, log))
         proxies = start_proxies(config, url, stack)
         rewarder, progress = config.rewarder(), Progress(len(rollouts), log)
-        pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="rollout")
+        pool, stop = ThreadPoolExecutor(config.concurrency, thread_name_prefix="rollout"), threading.Event()
         futures: list[Future[EpisodeRecord]] = [
-            pool.submit(safe_rollout, r, config, proxies[r.spec.proxy_options], rewarder) for r in rollouts
+            pool.submit(safe_rollout, r, config, proxies[r.spec.proxy_options], rewarder, stop) for r in rollouts
         ]
         try:
             for fut in as_completed(futures):
@@ -288,13 +313,34 @@ def collect(config: CollectConfig, log: TextIO = sys.stderr) -> CollectResult:
         except KeyboardInterrupt:
             interrupted = True
             print("\ncollect: interrupted; stopping the harnesses, the proxies and the engine", file=log)
+            stop.set()  # a running rollout starts no next process (harness, verifier)
             pool.shutdown(wait=False, cancel_futures=True)  # queued rollouts never start
-            kill_child_groups(signal.SIGTERM)
+            stop_rollouts(futures, log)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
     episodes = rejoin(episodes, config.out / "records", config.rewarder())
     files = write_outputs(config.out, episodes)
     return CollectResult(config.out, tuple(episodes), files, interrupted)
+
+
+def stop_rollouts(futures: Sequence[Future[EpisodeRecord]], log: TextIO, grace_s: float = STOP_GRACE_S) -> None:
+    """Signal the harness and verifier groups until every running rollout has returned: SIGTERM, SIGKILL after
+    ``grace_s``, and after twice that the rollouts still running are named and left to the interpreter's exit.
+
+    Repeated, not sent once: a rollout thread may be between fork and ``setsid`` (its child not yet a group leader,
+    so not found) or just past its last stop check when the first signal goes out, and a harness started then would
+    run to its own time limit while the interpreter waits for the thread at exit.
+    """
+    start = time.monotonic()
+    while True:
+        running = wait(futures, timeout=STOP_POLL_S).not_done
+        if not running:
+            return
+        waited = time.monotonic() - start
+        if waited > 2 * grace_s:
+            print(f"collect: {len(running)} rollout(s) did not stop within {2 * grace_s:g} s", file=log)
+            return
+        kill_child_groups(signal.SIGTERM if waited < grace_s else signal.SIGKILL)
 
 
 def kill_child_groups(sig: signal.Signals) -> None:

@@ -38,7 +38,11 @@ def serve(listener: socket.socket, connect: Callable[[], socket.socket], stop: t
             client, _ = listener.accept()
         except OSError:  # the listener was closed: the relay is done
             return
-        threading.Thread(target=_relay_pair, args=(client, connect), daemon=True).start()
+        try:
+            threading.Thread(target=_relay_pair, args=(client, connect), daemon=True).start()
+        except RuntimeError:  # the interpreter is shutting down: no new threads, so no new connections
+            client.close()
+            return
 
 
 def _relay_pair(client: socket.socket, connect: Callable[[], socket.socket]) -> None:

@@ -354,6 +354,36 @@ def test_interrupt_kills_each_child_process_group(tmp_path: Path) -> None:
     assert not alive(int(grandchild)), "the harness's own child survived"
 
 
+STOP_PROBE = """
+import subprocess, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from tasks.collect import stop_rollouts
+def rollout():
+    time.sleep(0.6)  # starts its process after the first round of signals: what a single kill would miss
+    return subprocess.Popen(["bash", "-c", sys.argv[1]], start_new_session=True).wait()
+fut = ThreadPoolExecutor(1).submit(rollout)
+t0 = time.monotonic()
+stop_rollouts([fut], sys.stderr, grace_s=float(sys.argv[2]))
+print(fut.result(), time.monotonic() - t0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "grace_s", "status"),
+    [("sleep 300", 30.0, -signal.SIGTERM), ("trap '' TERM; sleep 300", 1.0, -signal.SIGKILL)],
+    ids=["sigterm", "sigkill_after_grace"],
+)
+def test_stop_rollouts_ends_a_process_started_after_the_first_signal(script: str, grace_s: float, status: int) -> None:
+    """The stop signals the child groups until the rollouts return: SIGTERM, then SIGKILL for one that ignores it."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", STOP_PROBE, script, str(grace_s)], cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=60,
+                         check=True)  # fmt: skip
+    got, waited = out.stdout.split()
+    assert int(got) == status
+    assert float(waited) < grace_s + 5
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -9,10 +9,10 @@ Contract
 * Python harnesses go to their own venv ``<tools>/venv-<name>`` (mini-swe-agent and hermes pin conflicting
   versions of the same packages), made with the engine env's Python 3.11 when present, else ``python3``.
 
-A stamp file holding the pin is written last, so an install that failed half-way is redone and a second call
-with the stamp in place does nothing. An exclusive file lock per harness makes parallel test workers wait for one
-install instead of racing. Lifecycle scripts of npm packages are not run (npm 11 skips unapproved ones anyway):
-every pinned harness here works without them.
+A stamp file holding the pin is written last, so an install that failed or was stopped half-way is redone (a venv
+without the stamp is removed first) and a second call with the stamp in place does nothing. An exclusive file lock
+per harness makes parallel test workers wait for one install instead of racing. Lifecycle scripts of npm packages
+are not run (npm 11 skips unapproved ones anyway): every pinned harness here works without them.
 """
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ def install(spec: HarnessSpec, tools_dir: Path = DEFAULT_TOOLS_DIR) -> Installed
         if stamp.exists() and stamp.read_text() == spec.pin:
             return Installed(executable_path(spec, tools_dir), time.monotonic() - t0, cached=True)
         stamp.unlink(missing_ok=True)
+        if spec.installer == "pip" and where.exists():
+            # no stamp: an install was stopped half-way (Ctrl-C during `venv` leaves a venv without pip), so the
+            # venv is made afresh rather than trusted
+            shutil.rmtree(where)
         for step in _steps(spec, where):
             _run(step, where.parent)
         exe = executable_path(spec, tools_dir)
@@ -83,8 +87,10 @@ def _steps(spec: HarnessSpec, where: Path) -> list[list[str]]:
         where.mkdir(parents=True, exist_ok=True)
         return [[npm, "install", "--prefix", str(where), "--no-audit", "--no-fund", "--save-exact", spec.pin]]
     python = str(ENGINE_PYTHON) if ENGINE_PYTHON.exists() else (shutil.which("python3") or "python3")
-    steps = [] if (where / "bin" / "python").exists() else [[python, "-m", "venv", str(where)]]
-    return [*steps, [str(where / "bin" / "python"), "-m", "pip", "install", "--quiet", spec.pin]]
+    return [
+        [python, "-m", "venv", str(where)],
+        [str(where / "bin" / "python"), "-m", "pip", "install", "--quiet", spec.pin],
+    ]
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
