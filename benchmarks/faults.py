@@ -14,10 +14,11 @@ processes (default two; session ``i`` on proxy ``i % n``), injects its fault onc
 * ``outside_window`` — failed calls that started well before or after the fault (other sessions unaffected: 0).
 
 Scenarios: ``proxy_kill9`` (kill -9 one mitmdump, restart it on the same port and folder: its WAL is recovered),
-``engine_kill9`` (kill -9 the engine, start a new one), ``engine_errors`` (HTTP 500s), ``engine_drop`` (the engine
-stream cut after 3 tokens), ``latency_spike`` (2 s before the first token), ``engine_hang`` (no answer; clients time
-out), ``disk_full`` (a tmpfs on one proxy's records folder, filled to ENOSPC for 3 s, then freed; it runs in an
-unprivileged ``unshare --user --map-root-user --mount`` namespace, so it needs no root).
+``engine_kill9`` (kill -9 the engine while calls stream, start a new one), ``engine_errors`` (HTTP 500s),
+``engine_drop`` (the engine stream cut after 3 tokens), ``latency_spike`` (2 s before the first token),
+``engine_hang`` (no answer; clients time out), ``disk_full`` (a tmpfs on one proxy's records folder, filled to ENOSPC
+for 3 s, then freed; it runs in an unprivileged ``unshare --user --map-root-user --mount`` namespace, so it needs no
+root).
 
 CLI (long form): ``python benchmarks/faults.py --model-dir D [--sessions 32] [--seconds 20]`` writes
 ``benchmarks/results/faults.md``. The short form is ``tests/test_faults.py``.
@@ -118,6 +119,8 @@ class _World:
 
 def _inject(world: _World, scenario: str) -> None:
     """Apply ``scenario``'s fault and repair it (blocking; runs in a thread while the load goes on)."""
+    if scenario == "engine_kill9":
+        _until_streaming(world.engine)
     world.fault_at = time.time()
     if scenario == "proxy_kill9":
         victim = world.proxies[0]
@@ -212,6 +215,16 @@ async def _under_load(
         replay(target, concurrency=sessions, make=make, duration_s=seconds, retries=20, timeout=timeout), injector()
     )
     return log
+
+
+def _until_streaming(engine: FakeEngineProcess, timeout_s: float = 30.0) -> None:
+    """Wait until the engine has a call in flight: the kill must cut streams, not just refuse new calls.
+
+    A call that reaches a dead engine waits for it to come back (one engine: busy, not gone) and completes, so a
+    kill that lands before the first call reaches the engine (a slow machine's first calls) would show nothing."""
+    deadline = time.monotonic() + timeout_s
+    while engine.stats()["active"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _judge(scenario: str, log: ReplayLog, world: _World) -> FaultResult:
