@@ -83,6 +83,10 @@ class ProxyHandle:
         """Reverse mode: a base URL whose path prefix names the session."""
         return f"http://127.0.0.1:{self.port}/s/{session}"
 
+    def internal_base_url(self, session: str) -> str:
+        """The session's base URL on the internal server (``harnessrl_base_url``): no mitmproxy hop, plain HTTP."""
+        return f"http://127.0.0.1:{self.admin_port}/s/{session}"
+
     def admin(self, method: str, path: str) -> dict:
         r = httpx.request(method, f"http://127.0.0.1:{self.admin_port}/_harnessrl/admin/{path}", timeout=60)
         r.raise_for_status()

@@ -67,11 +67,13 @@ from tasks.collect_plan import (
     DEFAULT_HARNESSES,
     ENGINE_PYTHON,
     ROOT,
+    ROUTES,
     CollectConfig,
     CollectConfigError,
     Rollout,
     load_tasks,
     plan,
+    uses_base_url,
 )
 from tasks.episodes import (
     CallStats,
@@ -197,9 +199,18 @@ def run_rollout(
     timeout = rollout_timeout(r, config)
     workspace = prepare_workspace(r.task, scratch / "workspace").path
     url, harness_scratch = proxy.url(r.session_id), scratch / "harness"
+    base_url = proxy.internal_base_url(r.session_id) if uses_base_url(config, r.spec) else None
     _check(stop)
     run = run_harness(
-        r.spec, r.task.instruction, workspace, url, proxy.ca, timeout, scratch=harness_scratch, sandbox=config.sandbox
+        r.spec,
+        r.task.instruction,
+        workspace,
+        url,
+        proxy.ca,
+        timeout,
+        scratch=harness_scratch,
+        sandbox=config.sandbox,
+        base_url=base_url,
     )
     _check(stop)
     verdict = run_verifier(r.task, workspace, sandbox=config.sandbox)
@@ -292,6 +303,11 @@ def collect(config: CollectConfig, log: TextIO = sys.stderr) -> CollectResult:
     for name in config.harnesses:
         installed = install(HARNESSES[name])
         print(f"collect: {name} {'cached' if installed.cached else 'installed'} at {installed.executable}", file=log)
+    if config.route == "base-url":
+        direct = [h for h in config.harnesses if uses_base_url(config, HARNESSES[h])]
+        rest = [h for h in config.harnesses if h not in direct]
+        others = f"; HTTPS_PROXY for {', '.join(rest)} (no base-URL setting known)" if rest else ""
+        print(f"collect: base URL (no mitmproxy hop) for {', '.join(direct) or 'none'}{others}", file=log)
     config.out.mkdir(parents=True, exist_ok=True)
     print(f"collect: {len(rollouts)} rollouts ({len(tasks)} tasks x {len(config.harnesses)} harnesses x "
           f"G={config.group_size}) into {config.out}", file=log)  # fmt: skip
@@ -399,6 +415,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=None,
                     help="sample every call at this temperature (default: the request's, else 1.0)")  # fmt: skip
     ap.add_argument("--keep-workspaces", action="store_true", help="keep each workspace under the run dir")
+    ap.add_argument("--route", choices=ROUTES, default=env.get("ROUTE") or "proxy",
+                    help="proxy: HTTPS_PROXY; base-url: those taking a base URL skip mitmproxy ($ROUTE)")  # fmt: skip
     ap.add_argument("--sandbox", choices=("namespaces", "none"), default=env.get("SANDBOX") or "namespaces",
                     help="namespaces: network to the proxy only, workspace at /app; none: opt out")  # fmt: skip
     ap.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb, help="per rollout (resident, summed)")
@@ -428,6 +446,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         seed=args.seed,
         temperature=args.temperature,
         keep_workspaces=args.keep_workspaces,
+        route=args.route,
         sandbox=_sandbox(args),
         **optional,
     )

@@ -5,7 +5,7 @@ Contract
 * :class:`CollectConfig` is everything a run needs. ``__post_init__`` validates it with actionable errors
   (:class:`CollectConfigError`): known harnesses, listed once (``("all",)`` expands to every registered harness, in
   registry order), counts in range, a run id usable in a session id, parseable engine URLs (without any, an
-  existing engine-env Python), a loadable reward and, in ``namespaces`` mode, a working sandbox
+  existing engine-env Python), a loadable reward, a known ``route`` and, in ``namespaces`` mode, a working sandbox
   (:func:`tasks.sandbox.check_available`, a ~20 ms probe). ``run_dir`` defaults to ``runs/collect/<run_id>``.
 * :func:`load_tasks` resolves ``tasks`` (a task folder, a folder of tasks, or a built-in subset name), first
   ``max_tasks`` only; an unknown name raises :class:`CollectConfigError` naming what is known.
@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from addon.engine.pool import parse_engine_urls
 from tasks.harnesses import HARNESSES, HarnessSpec
@@ -39,6 +40,8 @@ ENGINE_PYTHON = ROOT / ".venvs" / "engine" / "bin" / "python"
 # engine's 32k context but cost minutes of cold prefill each). ``all`` selects every registered harness.
 DEFAULT_HARNESSES = ("pi", "mini-swe-agent")
 ALL_HARNESSES = "all"
+Route = Literal["proxy", "base-url"]
+ROUTES: tuple[str, ...] = get_args(Route)
 
 
 class CollectConfigError(ValueError):
@@ -86,10 +89,16 @@ class CollectConfig:
     """Sample every call at this temperature (the proxy's ``harnessrl_temperature``); None: the temperature the
     harness asks for, else 1.0. The records say what was applied and the trainer scales its logits to match."""
     keep_workspaces: bool = False
+    route: Route = "proxy"
+    """How harnesses reach the proxy: ``proxy`` (``HTTPS_PROXY``, as a user configures them); ``base-url``: the
+    harnesses that take a base URL from their environment (:meth:`HarnessSpec.base_url_env`) call the internal server
+    straight, skipping mitmproxy's hop, and the others still use ``HTTPS_PROXY``."""
     sandbox: SandboxConfig = SandboxConfig()
     """Where harnesses and verifiers run; mode "none" opts out of the namespaces sandbox (limits still apply)."""
 
     def __post_init__(self) -> None:
+        if self.route not in ROUTES:
+            raise CollectConfigError(f"route must be one of {', '.join(ROUTES)}, got {self.route!r}")
         if self.temperature is not None and not 0 < self.temperature <= 2:
             raise CollectConfigError(f"temperature must be in (0, 2], got {self.temperature}")
         if not self.tasks:
@@ -165,6 +174,11 @@ def load_tasks(spec: str, max_tasks: int = 0) -> TaskSet:
     except (KeyError, TaskFormatError) as e:
         raise CollectConfigError(f"tasks {spec!r}: {e.args[0]}") from e
     return TaskSet(chosen.name, chosen.tasks[:max_tasks]) if max_tasks else chosen
+
+
+def uses_base_url(config: CollectConfig, spec: HarnessSpec) -> bool:
+    """Whether ``spec``'s rollouts call the internal server's base URL (``route="base-url"`` and it takes one)."""
+    return config.route == "base-url" and spec.base_url_env("http://127.0.0.1:1/s/probe") is not None
 
 
 def plan(config: CollectConfig, tasks: TaskSet) -> list[Rollout]:

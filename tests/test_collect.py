@@ -33,6 +33,7 @@ from tasks.collect import (
     main,
     plan,
     rollout_timeout,
+    uses_base_url,
 )
 from tasks.episodes import CallStats, read_episodes
 from tasks.harnesses import HARNESSES, HarnessRun
@@ -83,11 +84,18 @@ def test_all_expands_to_every_registered_harness() -> None:
         ({"tasks": ""}, "tasks is empty"),
         ({"temperature": 0.0}, r"temperature must be in \(0, 2\]"),
         ({"temperature": 2.5}, r"temperature must be in \(0, 2\]"),
+        ({"route": "socks"}, "route must be one of proxy, base-url, got 'socks'"),
     ],
 )
 def test_invalid_settings_are_rejected_with_what_to_change(kw: dict, message: str) -> None:
     with pytest.raises(CollectConfigError, match=message):
         config(**kw)
+
+
+def test_the_base_url_route_applies_to_harnesses_that_take_one() -> None:
+    mini, pi = HARNESSES["mini-swe-agent"], HARNESSES["pi"]
+    assert uses_base_url(config(route="base-url"), mini) and not uses_base_url(config(route="base-url"), pi)
+    assert not uses_base_url(config(), mini)  # HTTPS_PROXY unless asked: the route a user configures
 
 
 def test_tasks_resolve_from_a_subset_or_a_folder_and_unknown_names_list_the_known_ones(tmp_path: Path) -> None:
@@ -284,6 +292,23 @@ def test_a_real_mini_collection(engine_url: str, tmp_path: Path) -> None:
     assert "4/4" in log.getvalue()
     print("\n" + result.files["markdown"].read_text())
     assert os.listdir(tmp_path / "run")  # nothing else asserted about the folder layout
+
+
+@pytest.mark.integration
+def test_the_base_url_route_records_every_call_without_a_mitmproxy_flow(engine_url: str, tmp_path: Path) -> None:
+    """``--route base-url``: mini-swe-agent calls the internal server straight from its sandbox; mitmproxy, which logs
+    each flow it relays (``POST http://127.0.0.1:PORT/_harnessrl/call``), sees none of them."""
+    c = config(tasks="smoke", max_tasks=1, harnesses=("mini-swe-agent",), group_size=1, engine_url=engine_url,
+               run_dir=tmp_path / "run", route="base-url")  # fmt: skip
+    log = io.StringIO()
+    result = collect(c, log=log)
+    (e,) = result.episodes
+    assert e.error is None and e.stats.calls >= 1, e.stderr_tail
+    calls = read_records(tmp_path / "run" / "records")
+    assert calls.filter(pc.field("session_id") == e.session_id).num_rows == e.stats.calls
+    assert "base URL (no mitmproxy hop) for mini-swe-agent" in log.getvalue()
+    (proxy_log,) = (tmp_path / "run").glob("proxy-*/mitmdump.log")
+    assert "/_harnessrl/call" not in proxy_log.read_text()
 
 
 @pytest.mark.integration

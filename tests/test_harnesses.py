@@ -260,6 +260,29 @@ def test_runner_gives_a_private_home_clean_env_and_a_full_ca_bundle(
     assert json.loads(config) == {"workdir": str(workdir)}
 
 
+@dataclass(frozen=True)
+class BaseUrlProbe(BashProbe):
+    """The probe, with a base-URL variable of its own."""
+
+    def base_url_env(self, base_url: str) -> Mapping[str, str]:
+        return {"PROBE_BASE": f"{base_url}/v1"}
+
+
+def test_runner_on_the_base_url_route_sets_the_harness_variables_and_no_proxy(tmp_path: Path, fake_ca: Path) -> None:
+    script = 'echo "${HTTPS_PROXY:-unset}|${https_proxy:-unset}|$PROBE_BASE|$PROBE_KEY"'
+    proxy, base = "http://s:t@127.0.0.1:1", "http://127.0.0.1:2/s/sess-1"
+    run = run_executable(BaseUrlProbe(), Path("/bin/bash"), script, tmp_path, proxy, fake_ca, sandbox=NONE,
+                         base_url=base)  # fmt: skip
+    assert run.exit_code == 0 and run.stdout_tail.strip() == f"unset|unset|{base}/v1|dummy"
+    with pytest.raises(ValueError, match="bash-probe takes no base URL.*HTTPS_PROXY"):
+        run_executable(BashProbe(), Path("/bin/bash"), "true", tmp_path, proxy, fake_ca, sandbox=NONE, base_url=base)
+
+
+def test_only_harnesses_run_end_to_end_on_the_base_url_route_declare_one() -> None:
+    takes = {name for name, spec in HARNESSES.items() if spec.base_url_env("http://h:1/s/x") is not None}
+    assert takes == {"mini-swe-agent", "aider"}
+
+
 def test_runner_kills_the_whole_process_group_on_timeout(tmp_path: Path, fake_ca: Path) -> None:
     pidfile = tmp_path / "child.pid"
     script = f"sleep 300 & echo $! > {pidfile}; wait"

@@ -64,5 +64,8 @@ class Aider(HarnessSpec):
     def env(self) -> Mapping[str, str]:
         return {"OPENAI_API_KEY": "sk-harnessrl-dummy", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
+    def base_url_env(self, base_url: str) -> Mapping[str, str]:
+        return {"OPENAI_API_BASE": f"{base_url}/v1"}  # aider's own variable, passed on to litellm
+
     def command(self, executable: Path, instruction: str) -> list[str]:
         return [str(executable), "--message", instruction]

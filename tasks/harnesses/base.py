@@ -56,6 +56,14 @@ class HarnessSpec:
     def command(self, executable: Path, instruction: str) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__} must define command()")
 
+    def base_url_env(self, base_url: str) -> Mapping[str, str] | None:
+        """Variables that point this harness's model calls at ``base_url`` (the session's root of the vendor routes
+        on the proxy's internal server, ``http://127.0.0.1:PORT/s/SESSION``), on top of :meth:`env`.
+
+        None (the default): the harness takes no base URL from its environment alone, so it always runs through
+        ``HTTPS_PROXY``. Only harnesses whose base-URL route was run end to end override this."""
+        return None
+
 
 @dataclass(frozen=True)
 class HarnessRun:

@@ -43,6 +43,9 @@ class MiniSweAgent(HarnessSpec):
             "MSWEA_COST_TRACKING": "ignore_errors",
         }
 
+    def base_url_env(self, base_url: str) -> Mapping[str, str]:
+        return {"OPENAI_BASE_URL": f"{base_url}/v1"}  # litellm's openai/ route reads it
+
     def command(self, executable: Path, instruction: str) -> list[str]:
         limits = ["-c", f"agent.step_limit={self.step_limit}", "-c", f"model.model_kwargs.max_tokens={self.max_tokens}"]
         head = [str(executable), "-y", "--exit-immediately", "-m", self.model, "-c", "mini.yaml"]

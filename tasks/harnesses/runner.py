@@ -15,6 +15,10 @@ relay on the proxy's port number inside, so ``HTTPS_PROXY`` is unchanged), the w
 and the harness starts there, and a :class:`~tasks.sandbox.Watchdog` kills the run when its process tree passes
 the memory or CPU limit. ``HarnessRun.limit`` then says which limit (``time``, ``memory`` or ``cpu``) ended it,
 ``timed_out`` is true (a limit is a budget stop) and the reason is appended to the stderr tail.
+
+With ``base_url`` (a harness that overrides :meth:`~tasks.harnesses.base.HarnessSpec.base_url_env`) the harness gets
+its base-URL variables instead of ``HTTPS_PROXY`` and calls the proxy's internal server straight, skipping
+mitmproxy's hop; the sandbox's relay then carries that port.
 """
 
 from __future__ import annotations
@@ -37,16 +41,30 @@ _INHERITED = ("PATH", "LANG", "TERM")
 _KILL_GRACE_S = 5.0
 
 
-def harness_env(spec: HarnessSpec, home: Path, proxy_url: str, bundle: Path, path_dirs: list[Path]) -> dict[str, str]:
-    """The whole environment of a run (see the module docstring)."""
+def harness_env(
+    spec: HarnessSpec,
+    home: Path,
+    proxy_url: str,
+    bundle: Path,
+    path_dirs: list[Path],
+    base_url: str | None = None,
+) -> dict[str, str]:
+    """The whole environment of a run (see the module docstring); ``base_url``: no ``HTTPS_PROXY``, the harness's
+    base-URL variables instead (:meth:`HarnessSpec.base_url_env`; ``ValueError`` for a harness without them)."""
     env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
     env["PATH"] = os.pathsep.join([*(str(d) for d in path_dirs), env.get("PATH", "/usr/bin:/bin")])
     tmp = home.parent / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    env |= {"HOME": str(home), "TMPDIR": str(tmp), "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url}
-    env |= {"NO_PROXY": "", "no_proxy": ""}
+    env |= {"HOME": str(home), "TMPDIR": str(tmp)}
+    if base_url is None:
+        env |= {"HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "NO_PROXY": "", "no_proxy": ""}
     env |= {var: str(bundle) for var in spec.ca_vars}
     env |= dict(spec.env())
+    if base_url is not None:
+        route = spec.base_url_env(base_url)
+        if route is None:
+            raise ValueError(f"{spec.name} takes no base URL from its environment: run it through HTTPS_PROXY")
+        env |= dict(route)
     return env
 
 
@@ -61,11 +79,21 @@ def run_harness(
     scratch: Path | None = None,
     tools_dir: Path = DEFAULT_TOOLS_DIR,
     sandbox: SandboxConfig = SandboxConfig(),
+    base_url: str | None = None,
 ) -> HarnessRun:
     """Install ``spec`` if needed (cached), then run it once on ``instruction`` through the proxy."""
     executable = install(spec, tools_dir).executable
     return run_executable(
-        spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=scratch, sandbox=sandbox
+        spec,
+        executable,
+        instruction,
+        workdir,
+        proxy_url,
+        ca_path,
+        timeout,
+        scratch=scratch,
+        sandbox=sandbox,
+        base_url=base_url,
     )
 
 
@@ -80,12 +108,25 @@ def run_executable(
     *,
     scratch: Path | None = None,
     sandbox: SandboxConfig = SandboxConfig(),
+    base_url: str | None = None,
 ) -> HarnessRun:
-    """Run ``spec``'s command with ``executable`` (already installed); ``scratch`` holds HOME, TMPDIR and logs."""
+    """Run ``spec``'s command with ``executable`` (already installed); ``scratch`` holds HOME, TMPDIR and logs.
+
+    ``base_url`` (a session's base URL on the proxy's internal server): the harness calls it straight instead of
+    going through ``HTTPS_PROXY``, and the sandbox relays that port."""
     if scratch is None:
         with tempfile.TemporaryDirectory(prefix=f"harnessrl-{spec.name}-", ignore_cleanup_errors=True) as tmp:
             return run_executable(
-                spec, executable, instruction, workdir, proxy_url, ca_path, timeout, scratch=Path(tmp), sandbox=sandbox
+                spec,
+                executable,
+                instruction,
+                workdir,
+                proxy_url,
+                ca_path,
+                timeout,
+                scratch=Path(tmp),
+                sandbox=sandbox,
+                base_url=base_url,
             )
     home = scratch / "home"
     home.mkdir(parents=True, exist_ok=True)
@@ -96,7 +137,7 @@ def run_executable(
     bundle = write_ca_bundle(ca_path, scratch / "ca-bundle.pem")
     # node for npm harnesses' shebangs; the venv's bin for Python ones
     path_dirs = [executable.parent, *_node_dir()]
-    env = harness_env(spec, home, proxy_url, bundle, path_dirs)
+    env = harness_env(spec, home, proxy_url, bundle, path_dirs, base_url)
     out, err = scratch / "stdout.log", scratch / "stderr.log"
     limit = timeout if timeout is not None else spec.timeout_s
     command = spec.command(executable, instruction)
@@ -104,7 +145,7 @@ def run_executable(
     with (
         out.open("wb") as fo,
         err.open("wb") as fe,
-        sandboxed(sandbox, command, workdir, scratch / "sandbox", proxy_url=proxy_url) as prepared,
+        sandboxed(sandbox, command, workdir, scratch / "sandbox", proxy_url=base_url or proxy_url) as prepared,
     ):
         proc = subprocess.Popen(
             prepared.argv,
