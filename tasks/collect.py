@@ -408,8 +408,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--cache-dir", type=Path, default=d["cache_dir"].default)
     ap.add_argument("--reward", default=env.get("REWARD") or "pass_fail",
                     help="pass_fail, fractional, tool_shaping or module:function ($REWARD)")  # fmt: skip
-    ap.add_argument("--on-budget-stop", type=_stop_reward, default=0.0, help="a number or 'score'")
-    ap.add_argument("--on-crash", type=_stop_reward, default=0.0, help="a number or 'score'")
+    ap.add_argument("--on-budget-stop", type=_stop_reward, default=env.get("ON_BUDGET_STOP") or "0",
+                    help="a number or 'score' ($ON_BUDGET_STOP)")  # fmt: skip
+    ap.add_argument("--on-crash", type=_stop_reward, default=env.get("ON_CRASH") or "0",
+                    help="a number or 'score' ($ON_CRASH)")  # fmt: skip
     ap.add_argument("--max-calls", type=int, default=int(env.get("MAX_CALLS") or 8), help="per episode ($MAX_CALLS)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=None,

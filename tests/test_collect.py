@@ -238,7 +238,10 @@ def test_cli_flags_mirror_the_make_variables() -> None:
     env = {"HARNESSES": "pi", "TASKS": "easy", "GROUP_SIZE": "4", "MODEL": "some/model", "ENGINE_URL": ENGINE}
     c = config_from_args(build_parser(env).parse_args(["--run-id", "x1", "--on-crash", "score"]))
     assert (c.harnesses, c.tasks, c.group_size, c.model, c.engine_url) == (("pi",), "easy", 4, "some/model", ENGINE)
-    assert c.on_crash == "score" and c.run_id == "x1"
+    assert c.on_crash == "score" and c.run_id == "x1" and c.on_budget_stop == 0.0
+    budget = {"ON_BUDGET_STOP": "score", "ON_CRASH": "-1", "MAX_CALLS": "2"}
+    c = config_from_args(build_parser(env | budget).parse_args([]))
+    assert (c.on_budget_stop, c.on_crash, c.max_calls) == ("score", -1.0, 2)
     flags = build_parser(env).parse_args(["--harnesses", "pi,mini-swe-agent", "-G", "3", "--tasks", "smoke"])
     c = config_from_args(flags)
     assert (c.harnesses, c.group_size, c.tasks) == (("pi", "mini-swe-agent"), 3, "smoke")

@@ -104,17 +104,25 @@ def engine_restored(engine_url: str, model_dir: Path) -> Iterator[str]:
 
 
 @pytest.mark.integration
-def test_one_full_iteration_on_the_real_engine(engine_restored: str, model_dir: Path, tmp_path: Path) -> None:
+def test_one_full_iteration_on_the_real_engine(
+    engine_restored: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from trainer.config import default_grpo_config
     from trainer.sync import served_version
 
+    # one group of two episodes of at most two model calls each (collect's MAX_CALLS, which the loop's collect
+    # inherits): the plumbing is the same as with more, and the collect and the GRPO step on long CPU sequences were
+    # most of this tier's time (17 of 25 minutes on a slow 2-core machine with four episodes of five calls). The
+    # budget stops that end them are scored as usual (ON_BUDGET_STOP), so the noisy reward gives the group variance.
+    monkeypatch.setenv("MAX_CALLS", "2")
+    monkeypatch.setenv("ON_BUDGET_STOP", "score")
     run = RunConfig(
         tasks="smoke",
         harnesses=("mini-swe-agent",),
-        max_tasks=2,
+        max_tasks=1,
         iterations=1,
         run_dir=tmp_path / "run",
         model=str(model_dir),
@@ -128,7 +136,7 @@ def test_one_full_iteration_on_the_real_engine(engine_restored: str, model_dir: 
     assert state == loop.RunState(1, 1, str(tmp_path / "run" / "checkpoints" / "iter-0001"))
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     collect_row = next(r for r in rows if r["phase"] == "collect")
-    assert collect_row["policy_version"] == 0 and collect_row["episodes"] == 4 and collect_row["samples"] > 0
+    assert collect_row["policy_version"] == 0 and collect_row["episodes"] == 2 and collect_row["samples"] > 0
     train_rows = [r for r in rows if r["phase"] == "train"]
     # mini-swe-agent's proxy constrains tool calls with a regex, so captured (constrained) and recomputed
     # (unconstrained) logprobs differ on forced tokens: the metric must be there and finite, not small
@@ -136,22 +144,23 @@ def test_one_full_iteration_on_the_real_engine(engine_restored: str, model_dir: 
     assert next(r for r in rows if r["phase"] == "sync")["policy_version"] == 1
     # the records of the first collect were sampled by version 0
     first = records_from_table(read_records(run.run_dir / "iter-0001" / "collect" / "records"))
-    assert {r.policy_version for r in first if not r.auxiliary} == {0}
+    # (a call refused by the call budget was sampled by no version)
+    assert {r.policy_version for r in first if not r.auxiliary and r.budget_stop is None} == {0}
     # weights changed, and the checkpoint reloads with from_pretrained
     trained = AutoModelForCausalLM.from_pretrained(state.checkpoint, dtype=torch.float32).state_dict()
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     assert any(not torch.equal(v, base[k]) for k, v in trained.items())
     assert served_version(engine_restored) == 1
 
-    # interrupted after iteration 1, run again to 2 iterations (one task, to keep it short): it resumes from the
+    # interrupted after iteration 1, run again to 2 iterations: it resumes from the
     # checkpoint (engine reloaded with it as version 1), the next collect's records carry version 1, the optimizer
     # state carries over
     steps_1 = _adam_steps(Path(state.checkpoint))
     asyncio.run(_restore(engine_restored, model_dir, "restarted"))  # as if the engine had been restarted
-    resumed = loop.train_run(dataclasses.replace(run, iterations=2, max_tasks=1), args)
+    resumed = loop.train_run(dataclasses.replace(run, iterations=2), args)
     assert resumed == loop.RunState(2, 2, str(tmp_path / "run" / "checkpoints" / "iter-0002"))
     second = records_from_table(read_records(run.run_dir / "iter-0002" / "collect" / "records"))
-    assert second and {r.policy_version for r in second if not r.auxiliary} == {1}
+    assert second and {r.policy_version for r in second if not r.auxiliary and r.budget_stop is None} == {1}
     assert served_version(engine_restored) == 2
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     trained_2 = [r for r in rows if r["phase"] == "train" and r["iteration"] == 2]
