@@ -61,8 +61,8 @@ LANES = (
     ("pi", "mini-swe-agent", "aider"),
 )
 VENDOR_HOSTS = ("api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com")
-# "127.0.0.1:52636: POST https://api.openai.com/v1/responses" then "   << 426 Upgrade Required 0b"; the answer's
-# HTTP version is written when it differs from the request's ("<< HTTP/1.1 200 OK" to Codex's HTTP/2)
+# "127.0.0.1:52636: POST https://api.openai.com/v1/responses" then "   << 426 Upgrade Required 0b"; an HTTP/2
+# request line ends in " HTTP/2.0", and its answer's version is written when it differs ("<< HTTP/1.1 200 OK")
 FLOW_LINE = re.compile(r"^\S+: (?P<method>[A-Z]+) (?P<url>\S+).*\n\s+<< (?:HTTP/\S+ )?(?P<status>\d{3})", re.M)
 
 

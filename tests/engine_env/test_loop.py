@@ -152,9 +152,8 @@ def test_one_full_iteration_on_the_real_engine(
     assert any(not torch.equal(v, base[k]) for k, v in trained.items())
     assert served_version(engine_restored) == 1
 
-    # interrupted after iteration 1, run again to 2 iterations: it resumes from the
-    # checkpoint (engine reloaded with it as version 1), the next collect's records carry version 1, the optimizer
-    # state carries over
+    # interrupted after iteration 1, run again to 2 iterations: it resumes from the checkpoint (engine reloaded with
+    # it as version 1), the next collect's records carry version 1, the optimizer state carries over
     steps_1 = _adam_steps(Path(state.checkpoint))
     asyncio.run(_restore(engine_restored, model_dir, "restarted"))  # as if the engine had been restarted
     resumed = loop.train_run(dataclasses.replace(run, iterations=2), args)
