@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=6, help="calls per session (the first is not steady state)")
     ap.add_argument("--token-rate", type=float, default=100.0, help="tokens/s of the paced engine")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--speeds", nargs="+", choices=["instant", "paced"], default=["instant", "paced"])
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # internal: one tree, JSON out
     ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from benchmarks import tree as facts
 
-    speeds = (("instant", 0.0), ("paced", args.token_rate))
+    speeds = [(name, rate) for name, rate in (("instant", 0.0), ("paced", args.token_rate)) if name in args.speeds]
     runs: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     print("# Added latency per call through mitmproxy: tree against tree\n")
     print(f"Machine: {facts.machine_facts().markdown()}. Load at start {facts.loadavg()}.\n")

@@ -1,20 +1,27 @@
 """addon.engine.client: what the real engine cannot show (tests/engine_env/ covers the real server).
 
-HTTP goes to a FAKE vLLM: an ``httpx.MockTransport`` answering with hand-written bodies in vLLM's shapes, to check
-malformed responses, error mapping, timeouts, request validation, the exact request payloads and the order of the
-weight-reload calls (including what happens when one of them fails).
+HTTP goes to a FAKE vLLM answering with hand-written bodies in vLLM's shapes, to check malformed responses, error
+mapping, timeouts, request validation, the exact request payloads and the order of the weight-reload calls
+(including what happens when one of them fails): an ``httpx.MockTransport`` for the control requests and the
+non-streamed completions (httpx), and a real aiohttp server on loopback writing the given pieces for the streams
+(aiohttp's client, which takes no injected transport).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import socket
 from array import array
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from addon.engine import client as engine_client
 from addon.engine.client import (
@@ -41,6 +48,7 @@ from addon.engine.client import (
     error_from_body,
 )
 from addon.records import token_ids
+from tests.netfaults import unreachable_port
 
 PROMPT = (1, 2, 3)
 REQ = GenerationRequest(PROMPT, max_tokens=4, seed=1)
@@ -48,6 +56,35 @@ REQ = GenerationRequest(PROMPT, max_tokens=4, seed=1)
 
 def fake(handler: Callable[[httpx.Request], httpx.Response]) -> EngineClient:
     return EngineClient("http://engine.test", transport=httpx.MockTransport(handler))
+
+
+@asynccontextmanager
+async def streaming_engine(
+    pieces: Sequence[bytes], status: int = 200, pause_s: float = 0.0, timeouts: ClientTimeouts | None = None
+) -> AsyncIterator[tuple[EngineClient, list[dict[str, Any]]]]:
+    """A FAKE vLLM on loopback whose ``/v1/completions`` answers ``status`` and writes ``pieces`` one network write
+    each (``pause_s`` between them), and a client of it; also the request bodies it received."""
+    received: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        received.append(await request.json())
+        resp = web.StreamResponse(status=status, headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in pieces:
+            await resp.write(piece)
+            await asyncio.sleep(pause_s)  # lets each piece leave as its own read
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{server.port}", timeouts=timeouts) as client:
+            yield client, received
+    finally:
+        await server.close()
 
 
 def completion_body(ids: list[int], lps: list[float] | None, finish: str = "length", usage: Any = "auto") -> bytes:
@@ -117,8 +154,7 @@ async def test_malformed_completions_raise(body: bytes, match: str) -> None:
 async def test_a_null_logprob_is_a_missing_logprob_not_a_failure() -> None:
     """vLLM writes a non-finite logprob as JSON null; the token was sampled, so it is kept with NaN."""
     events = [stream_event([7], [-0.5], "a"), stream_event([8], [None], "b", finish="stop"), USAGE_EVENT]  # type: ignore[list-item]
-    body = sse(*events)
-    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+    async with streaming_engine([sse(*events)]) as (client, _):
         streamed = await client.stream_result(REQ)
     async with fake(lambda r: httpx.Response(200, content=completion_body([7, 8], [-0.5, None]))) as client:  # type: ignore[list-item]
         whole = await client.generate(REQ)
@@ -129,14 +165,7 @@ async def test_a_null_logprob_is_a_missing_logprob_not_a_failure() -> None:
 
 async def test_stream_yields_chunks_and_accumulates() -> None:
     events = [stream_event([7], [-0.5], "a"), stream_event([8], [-1.0], "b", finish="stop"), USAGE_EVENT]
-    body = sse(*events)
-    sent: list[dict[str, Any]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.append(json.loads(request.content))
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-
-    async with fake(handler) as client:
+    async with streaming_engine([sse(*events)]) as (client, sent):
         chunks = [c async for c in client.stream(REQ)]
         result = await client.stream_result(REQ)
     # one read delivered both token events: merged into one chunk (the usage chunk stays its own)
@@ -144,18 +173,15 @@ async def test_stream_yields_chunks_and_accumulates() -> None:
     assert chunks[0].finish_reason == "stop" and chunks[0].text == "ab" and chunks[1].usage is not None
     assert result.completion_ids == (7, 8) and result.text == "ab" and result.logprobs == (-0.5, -1.0)
     assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
+    assert sent[0]["prompt"] == list(PROMPT)
 
 
 async def test_events_that_arrive_in_separate_reads_are_yielded_as_they_come() -> None:
     events = [stream_event([7], [-0.5], "a"), stream_event([8], [-1.0], "b", finish="stop"), USAGE_EVENT]
     body = sse(*events)
     cut = body.index(b"\n\n") + 1  # the first event and half its blank line, then the rest in odd pieces
-
-    async def parts() -> AsyncIterator[bytes]:
-        for piece in (body[:cut], body[cut : cut + 3], body[cut + 3 :]):
-            yield piece
-
-    async with fake(lambda r: httpx.Response(200, content=parts())) as client:
+    pieces = [body[:cut], body[cut : cut + 3], body[cut + 3 :]]
+    async with streaming_engine(pieces, pause_s=0.05) as (client, _):
         chunks = [c async for c in client.stream(REQ)]
     assert [c.token_ids for c in chunks] == [(7,), (8,), ()]
     assert [c.text for c in chunks] == ["a", "b", ""] and chunks[1].finish_reason == "stop"
@@ -180,7 +206,7 @@ def test_coalesce_merges_up_to_the_end_of_a_choice_and_keeps_usage_apart() -> No
 async def test_tokens_before_an_in_stream_error_in_the_same_read_are_still_yielded() -> None:
     error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
     body = sse(stream_event([7], [-0.5], "a"), done=False) + error
-    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+    async with streaming_engine([body]) as (client, _):
         seen: list[GenerationChunk] = []
         with pytest.raises(EngineError, match="engine died"):
             async for c in client.stream(REQ):
@@ -203,7 +229,7 @@ async def test_tokens_before_an_in_stream_error_in_the_same_read_are_still_yield
     ],
 )
 async def test_broken_streams_raise(body: bytes, error: type[Exception], match: str) -> None:
-    async with fake(lambda r: httpx.Response(200, content=body)) as client:
+    async with streaming_engine([body]) as (client, _):
         with pytest.raises(error, match=match):
             await client.stream_result(REQ)
 
@@ -239,10 +265,55 @@ async def test_transport_failures_map_to_unavailable_and_timeout() -> None:
     async with EngineClient(
         "http://e.test", transport=httpx.MockTransport(stall), timeouts=ClientTimeouts(generate=3.0)
     ) as client:
-        with pytest.raises(EngineTimeout, match="3.0 s"):
-            [c async for c in client.stream(REQ)]
         with pytest.raises(EngineTimeout):
             await client.models()
+    # a stream whose next chunk does not come within the generate timeout
+    first = sse(stream_event([7], [-0.5], "a"), done=False)
+    async with streaming_engine([first, sse()], pause_s=2.0, timeouts=ClientTimeouts(generate=0.3)) as (client, _):
+        with pytest.raises(EngineTimeout, match="no chunk within 0.3 s"):
+            [c async for c in client.stream(REQ)]
+    # nothing listens on the port: refused at once
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with EngineClient(f"http://127.0.0.1:{port}") as client:
+        with pytest.raises(EngineUnavailable, match="Cannot connect"):
+            [c async for c in client.stream(REQ)]
+
+
+async def test_a_stream_error_status_is_the_engine_error() -> None:
+    body = json.dumps({"error": {"message": "maximum context length is 10 tokens. chars", "code": 400}}).encode()
+    async with streaming_engine([body], status=400) as (client, _):
+        with pytest.raises(ContextTooLong, match="maximum context length"):
+            [c async for c in client.stream(REQ)]
+
+
+async def test_a_stream_cut_by_the_engine_is_unavailable() -> None:
+    """The engine dies mid-stream: the connection closes before the chunked body's end."""
+    first = sse(stream_event([7], [-0.5], "a"), done=False)
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", cut)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+            seen: list[GenerationChunk] = []
+            with pytest.raises(EngineUnavailable):
+                async for c in client.stream(REQ):
+                    seen.append(c)
+    finally:
+        await server.close()
+    assert [c.token_ids for c in seen] == [(7,)]  # what was sampled before the cut still reaches the caller
 
 
 def test_request_validation_and_structured_payloads() -> None:
@@ -376,7 +447,9 @@ async def test_a_connect_timeout_is_named_as_such() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectTimeout("timed out", request=request)
 
-    with pytest.raises(EngineConnectTimeout, match=r"no connection within 30.0 s \(ConnectTimeout\)"):
-        await fake(refuse).stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))
-    with pytest.raises(EngineConnectTimeout, match="no connection within 30.0 s"):  # the control calls say so too
+    with pytest.raises(EngineConnectTimeout, match="no connection within 30.0 s"):  # the control calls say so
         await fake(refuse).models()
+    with unreachable_port() as port:
+        async with EngineClient(f"http://127.0.0.1:{port}", timeouts=ClientTimeouts(connect=0.3)) as client:
+            with pytest.raises(EngineConnectTimeout, match=r"no connection within 0.3 s"):
+                await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))

@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from mitmproxy.options import Options
 
 from addon.engine.client import (
+    ClientTimeouts,
     EngineClient,
     EngineError,
     EngineUnavailable,
@@ -44,6 +45,7 @@ from addon.serving.runtime import Runtime
 from addon.serving.server import CALL_PATH, HEADER_PATH, HEADER_SESSION
 from benchmarks.fake_engine import SERVED, FakeEngine, Faults
 from tests.conftest import free_port, start_proxy, stop_process
+from tests.netfaults import unreachable_port
 
 REQ = GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=4)
 
@@ -260,16 +262,16 @@ async def test_a_connect_timeout_fails_over_like_a_refusal(base_engine: FakeEngi
     live = Served(replica(base_engine))
     await live.start()
 
-    def unreachable(request: httpx.Request) -> httpx.Response:  # FAKE: a host that never completes the handshake
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": SERVED, "root": base_engine.model_dir}]})
-        raise httpx.ConnectTimeout("timed out", request=request)
+    def listing(request: httpx.Request) -> httpx.Response:  # FAKE: it lists the model, then its streams time out
+        return httpx.Response(200, json={"data": [{"id": SERVED, "root": base_engine.model_dir}]})
 
-    dead = EngineClient("http://10.255.255.1:8000", transport=httpx.MockTransport(unreachable))
-    pool = EnginePool([dead, EngineClient(live.url)])
-    await pool.bind()
-    session = next(f"s{i}" for i in range(100) if rendezvous_order(f"s{i}", pool.urls)[0] == dead.base_url)
-    routed, ids = await one_call(pool, session)
+    with unreachable_port() as port:  # a real host that never completes the handshake
+        timeouts = ClientTimeouts(connect=0.5)
+        dead = EngineClient(f"http://127.0.0.1:{port}", transport=httpx.MockTransport(listing), timeouts=timeouts)
+        pool = EnginePool([dead, EngineClient(live.url)])
+        await pool.bind()
+        session = next(f"s{i}" for i in range(100) if rendezvous_order(f"s{i}", pool.urls)[0] == dead.base_url)
+        routed, ids = await one_call(pool, session)
     assert routed.url == live.url and len(ids) == REQ.max_tokens and pool.failovers == 1
     await pool.aclose()
     await live.kill()
