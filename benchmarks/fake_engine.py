@@ -6,9 +6,10 @@ Contract
 * ``POST /v1/completions`` (``prompt`` = token ids, ``stream`` true or false, ``return_token_ids``, ``logprobs: 0``):
   one of a few canned answers, chosen by the prompt length (deterministic), each ``tokens`` ids long, made of the
   real tokenizer's ids so the proxy's parser sees real text: prose, then a ``<tool_call>`` to ``read_file`` or
-  ``bash`` (tools every :mod:`benchmarks.sessions` session offers), then the end-of-turn id. Chunks are one token
-  each, paced at ``token_rate`` tokens/s (0: no pacing), in vLLM's exact chunk shape (``token_ids``,
-  ``logprobs.token_logprobs``, a usage chunk, ``[DONE]``).
+  ``bash`` (tools every :mod:`benchmarks.sessions` session offers), then the end-of-turn id. Tokens are paced at
+  ``token_rate`` tokens/s (0: no pacing) and sent one per chunk, or grouped as vLLM groups them for a request's
+  ``stream_interval`` N (the first at once, then N per chunk, the rest with the last), in vLLM's exact chunk shape
+  (``token_ids``, ``logprobs.token_logprobs``, a usage chunk, ``[DONE]``).
 * ``GET /v1/models`` (the tokenizer folder as ``root``, ``max_model_len``), ``GET /health``, ``GET /weight_info``.
 * Direct baseline: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
   ``/v1beta/models/{m}:streamGenerateContent`` answer the same canned answer in that vendor's stream shape at the
@@ -206,32 +207,46 @@ class FakeEngine:
             if not body.get("stream"):
                 await self.pace(n)
                 return web.json_response(_completion_body(answer, n, len(prompt)))
-            return await self._stream(request, answer, n, len(prompt), fault.drop_after if fault else -1)
+            interval = max(1, int(body.get("stream_interval") or 1))
+            return await self._stream(request, answer, n, len(prompt), fault.drop_after if fault else -1, interval)
         except (ConnectionResetError, asyncio.CancelledError):  # the client went away (cancelled: when served so)
             self.aborted += 1
             raise
         finally:
             self.active -= 1
 
-    async def _stream(self, request: web.Request, a: Answer, n: int, prompt: int, drop: int) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, a: Answer, n: int, prompt: int, drop: int, interval: int = 1
+    ) -> web.StreamResponse:
+        """vLLM's stream: with ``interval`` > 1 (its ``stream_interval``) the first token goes out at once, then one
+        event per ``interval`` tokens, the rest with the last; tokens are paced one by one either way."""
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
+        pending: list[int] = []  # positions sampled, not sent yet
         for i in range(n):
             await self.pace(1)
             if i == drop:
                 assert request.transport is not None
                 request.transport.close()  # what a killed engine looks like to the proxy
                 return resp
+            pending.append(i)
             last = i == n - 1
+            if not (last or i == 0 or len(pending) >= interval):
+                continue
             finish = ("stop" if a.ids[i] == a.ids[-1] and i == len(a.ids) - 1 else "length") if last else None
             choice = {
                 "index": 0,
-                "text": a.pieces[i],
-                "logprobs": {"token_logprobs": [-0.5], "tokens": [a.pieces[i]], "text_offset": [0]},
+                "text": "".join(a.pieces[j] for j in pending),
+                "logprobs": {
+                    "token_logprobs": [-0.5] * len(pending),
+                    "tokens": [a.pieces[j] for j in pending],
+                    "text_offset": [0] * len(pending),
+                },
                 "finish_reason": finish,
                 "stop_reason": None,
-                "token_ids": [a.ids[i]],
+                "token_ids": [a.ids[j] for j in pending],
             }
+            pending = []
             await resp.write(_sse({"id": "cmpl-fake", "object": "text_completion", "choices": [choice]}))
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
         await resp.write(_sse({"id": "cmpl-fake", "object": "text_completion", "choices": [], "usage": usage}))

@@ -173,7 +173,13 @@ async def test_stream_yields_chunks_and_accumulates() -> None:
     assert chunks[0].finish_reason == "stop" and chunks[0].text == "ab" and chunks[1].usage is not None
     assert result.completion_ids == (7, 8) and result.text == "ab" and result.logprobs == (-0.5, -1.0)
     assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
-    assert sent[0]["prompt"] == list(PROMPT)
+    assert sent[0]["prompt"] == list(PROMPT) and "stream_interval" not in sent[0]  # vLLM's default: every token
+
+
+def test_a_stream_interval_is_sent_with_streams_only() -> None:
+    req = GenerationRequest(PROMPT, 4, stream_interval=8)
+    assert completion_payload(req, stream=True)["stream_interval"] == 8
+    assert "stream_interval" not in completion_payload(req, stream=False)
 
 
 async def test_events_that_arrive_in_separate_reads_are_yielded_as_they_come() -> None:
@@ -325,6 +331,7 @@ def test_request_validation_and_structured_payloads() -> None:
         {"top_p": 0.0},
         {"top_k": -2},
         {"min_p": 1.5},
+        {"stream_interval": 0},
     ):
         with pytest.raises(ValueError):
             GenerationRequest(**{"prompt_ids": PROMPT, "max_tokens": 4, **bad})  # type: ignore[arg-type]

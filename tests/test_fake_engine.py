@@ -4,6 +4,7 @@ vendor routes stream each format's own shape."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,6 +53,29 @@ async def test_streamed_answer_is_real_tokens_with_a_tool_call_and_end_of_turn(s
     parser = OutputParser(allowed={"read_file": "function", "bash": "function"})
     events = parser.feed(result.text) + parser.finish("stop", result.usage)  # type: ignore[arg-type]
     assert [e.name for e in events if isinstance(e, ToolCallStarted)] in (["read_file"], ["bash"])
+
+
+async def test_a_stream_interval_groups_tokens_as_vllm_does(served):
+    """The first token at once, then one event per N tokens, the rest with the last: the same ids as one by one."""
+    _, url = served
+
+    async def events(interval: int | None) -> list[dict]:
+        body = {"prompt": [1, 2, 3], "max_tokens": 20, "stream": True, "logprobs": 0, "return_token_ids": True}
+        if interval is not None:
+            body["stream_interval"] = interval
+        async with httpx.AsyncClient() as http:
+            raw = (await http.post(f"{url}/v1/completions", json=body)).content
+        datas = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ") and line != b"data: [DONE]"]
+        return [choice for d in datas for choice in json.loads(d)["choices"]]
+
+    one_by_one, grouped = await events(None), await events(8)
+    assert [len(c["token_ids"]) for c in grouped] == [1, 8, 8, 3]
+    assert [len(c["token_ids"]) for c in one_by_one] == [1] * 20
+    ids = [i for c in grouped for i in c["token_ids"]]
+    assert ids == [i for c in one_by_one for i in c["token_ids"]]
+    assert [len(c["logprobs"]["token_logprobs"]) for c in grouped] == [1, 8, 8, 3]
+    assert "".join(c["text"] for c in grouped) == "".join(c["text"] for c in one_by_one)
+    assert [c["finish_reason"] for c in grouped] == [None, None, None, "length"]
 
 
 async def test_max_tokens_cuts_with_length(served):

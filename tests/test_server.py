@@ -247,6 +247,17 @@ def test_tuning_options_are_parsed_and_checked() -> None:
         CaptureConfig.from_options(options)
 
 
+def test_the_stream_interval_defaults_to_eight_and_must_be_positive() -> None:
+    options = Options()
+    add_options(options)
+    assert CaptureConfig.from_options(options).stream_interval == 8
+    options.update(harnessrl_stream_interval=1)
+    assert CaptureConfig.from_options(options).stream_interval == 1
+    options.update(harnessrl_stream_interval=0)
+    with pytest.raises(ValueError, match="harnessrl_stream_interval must be positive"):
+        CaptureConfig.from_options(options)
+
+
 def test_every_option_can_be_set_on_the_command_line(tmp_path: Path) -> None:
     """mitmproxy parses ``--set`` values by the option's declared type and knows no float: a float option made
     mitmdump exit at start-up as soon as it was set."""

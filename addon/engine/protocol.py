@@ -96,6 +96,9 @@ class GenerationRequest:
     structured: StructuredOutput | None = None
     ignore_eos: bool = False
     model: str | None = None  # None: the served base model; a LoRA adapter's name samples with that adapter
+    # Streams only: vLLM sends the first token at once, then every ``stream_interval`` tokens (and the rest at the
+    # end), so everything downstream handles one event per N tokens. vLLM clamps it up to its --stream-interval.
+    stream_interval: int = 1
     # ``json_list(prompt_ids)`` when the caller already has it (the generator builds it off the event loop, from the
     # session's previous prompt: token_ids.json_list_extending); None: formatted here when the body is made
     prompt_json: str | None = field(default=None, repr=False, compare=False)
@@ -114,6 +117,8 @@ class GenerationRequest:
             raise ValueError("prompt_json must be the JSON list of prompt_ids (token_ids.json_list)")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -266,6 +271,8 @@ def completion_payload(req: GenerationRequest, stream: bool, *, with_prompt: boo
         payload["ignore_eos"] = True
     if stream:
         payload["stream_options"] = {"include_usage": True}
+        if req.stream_interval > 1:
+            payload["stream_interval"] = req.stream_interval
     return payload
 
 

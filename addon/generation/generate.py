@@ -92,8 +92,10 @@ class Generator:
         parser_spec: ParserSpec | None = None,
         fields: UnknownFields | None = None,
         force_tool_calls: bool = False,
+        stream_interval: int = 1,
     ) -> None:
         self.force_tool_calls = force_tool_calls
+        self.stream_interval = stream_interval  # tokens per engine event after the first (vLLM's stream_interval)
         self.splicer = splicer
         self.graphs = SessionGraphs()  # per-session prefix graphs: token-faithful splicing, cost ~ new suffix
         sessions.on_close(self.graphs.drop)  # a session the collector closed frees its graph at once, not when idle
@@ -200,7 +202,11 @@ class Generator:
         acc.feed(start)
         structured = forced_tool_call(request) if self.force_tool_calls else None
         gen = GenerationRequest(
-            prompt_ids=turn.prompt_ids, structured=structured, prompt_json=prompt_json, **engine_sampling(turn.applied)
+            prompt_ids=turn.prompt_ids,
+            structured=structured,
+            prompt_json=prompt_json,
+            stream_interval=self.stream_interval,
+            **engine_sampling(turn.applied),
         )
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)

@@ -64,6 +64,13 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("harnessrl_max_body", int, 16 * 1024 * 1024, "Largest request body accepted, in bytes (else a 413)."),
     ("harnessrl_server_port", int, 0, "Port of the internal generation/admin server on 127.0.0.1 (0: any)."),
     ("harnessrl_force_tool_calls", bool, False, "Testing only: constrain decoding so the model calls a tool."),
+    (
+        "harnessrl_stream_interval",
+        int,
+        8,
+        "Streamed calls: the engine sends the first token at once, then N tokens per event (vLLM's stream_interval); "
+        "fewer events to relay per call. 1: every token on its own.",
+    ),
     ("harnessrl_shard_rows", int, 1000, "Rows per Parquet shard."),
     (
         "harnessrl_base_url",
@@ -105,6 +112,7 @@ class CaptureConfig:
     server_port: int
     shard_rows: int
     force_tool_calls: bool = False
+    stream_interval: int = 8
     tuning: ProcessTuning = ProcessTuning()
     base_url: bool = True
     engine_wait_s: float = 600.0
@@ -139,7 +147,12 @@ class CaptureConfig:
             raise ValueError(f"harnessrl_engine_wait_s must be >= 0 seconds, got {o.harnessrl_engine_wait_s}")
         if o.harnessrl_startup_wait_s < 0:
             raise ValueError(f"harnessrl_startup_wait_s must be >= 0 seconds, got {o.harnessrl_startup_wait_s}")
-        for name in ("harnessrl_default_max_tokens", "harnessrl_max_body", "harnessrl_shard_rows"):
+        for name in (
+            "harnessrl_default_max_tokens",
+            "harnessrl_max_body",
+            "harnessrl_shard_rows",
+            "harnessrl_stream_interval",
+        ):
             if getattr(o, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(o, name)}")
         if not 1 <= o.harnessrl_workers <= MAX_WORKERS:
@@ -169,6 +182,7 @@ class CaptureConfig:
             server_port=o.harnessrl_server_port,
             shard_rows=o.harnessrl_shard_rows,
             force_tool_calls=o.harnessrl_force_tool_calls,
+            stream_interval=o.harnessrl_stream_interval,
             base_url=o.harnessrl_base_url,
             engine_wait_s=float(o.harnessrl_engine_wait_s),
             startup_wait_s=float(o.harnessrl_startup_wait_s),

@@ -159,6 +159,7 @@ class Runtime:
                 served_model=self.served_model,
                 policy=self.config.sampling,
                 force_tool_calls=self.config.force_tool_calls,
+                stream_interval=self.config.stream_interval,
             )
             for line in tuning.apply_collector(self.config.tuning):  # after the tokenizer loaded: frozen with the rest
                 log.info("harnessrl: %s", line)

@@ -109,6 +109,16 @@ async def test_stream_equals_seeded_non_streamed_generation(client: EngineClient
     assert await client.stream_result(req) == whole
 
 
+async def test_a_stream_interval_groups_tokens_and_changes_nothing_else(client: EngineClient, tokenizer: Any) -> None:
+    """vLLM's per-request ``stream_interval``: the first token alone, then N per chunk; the same ids and logprobs."""
+    req = GenerationRequest(chat_ids(tokenizer, QUESTIONS[1]), max_tokens=40, seed=5, temperature=0.9, ignore_eos=True)
+    grouped = dataclasses.replace(req, stream_interval=8)
+    chunks = [c async for c in client.stream(grouped)]
+    sizes = [len(c.token_ids) for c in chunks if c.token_ids]
+    assert sizes[0] == 1 and max(sizes) == 8 and sum(sizes) == 40
+    assert accumulate(chunks, req.prompt_ids) == await client.stream_result(req)
+
+
 def _perturbed_copy(src: Path, dst: Path) -> None:
     """The same model with its final norm and one MLP rescaled: same names and shapes, different outputs."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
