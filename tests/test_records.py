@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from addon.records import token_ids
 from addon.records.blobs import unpack_json
 from addon.records.schema import (
     RUN_ID_KEY,
@@ -50,6 +52,17 @@ def test_turn_tokens_stores_tuples_and_float32_logprobs() -> None:
     assert tokens.prompt_ids == (1, 2) and tokens.completion_ids == (3,)
     assert tokens.completion_logprobs == (pa.scalar(-0.1, pa.float32()).as_py(),)
     assert tokens.completion_logprobs[0] != -0.1  # rounded to what the float32 column will hold
+
+
+def test_packed_prompt_ids_are_held_as_their_own_packed_copy_and_read_back_equal() -> None:
+    """The generator hands the session graph's array('i'): the record keeps a packed copy (no tuple of 10^5 ints),
+    which the source cannot change, and the record equals itself read back from Arrow."""
+    source = array("i", [1, 2, 3, 4])
+    record = replace(make_record(1, prompt_reused_tokens=0), tokens=TurnTokens(source, (5,), (-0.5,)))
+    source[0] = 77
+    assert isinstance(record.tokens.prompt_ids, token_ids.FrozenIds) and record.tokens.prompt_ids == (1, 2, 3, 4)
+    assert records_from_table(to_batch([record])) == [record]
+    assert record.tokens.arrow()[0].to_pylist() == [1, 2, 3, 4]
 
 
 def test_a_missing_logprob_is_kept_as_nan_through_a_shard(tmp_path: Path) -> None:

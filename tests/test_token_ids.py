@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from array import array
 
 import pytest
@@ -68,3 +69,31 @@ def test_json_list_extending_formats_only_the_new_ids() -> None:
     assert token_ids.json_list_extending(array("i", [1, 2, 3, 4]), (head, "[HEAD]")) == "[HEAD,4]"
     assert token_ids.json_list_extending(array("i", [1, 2, 3]), (head, "[HEAD]")) == "[HEAD]"
     assert token_ids.json_list_extending(array("i", [1, 2, 4, 4]), (head, "[HEAD]")) == "[1,2,4,4]"
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=50), st.lists(st.integers(0, 2**31 - 1), max_size=5))
+def test_frozen_ids_behave_as_the_tuple_of_their_ids(ids: list[int], more: list[int]) -> None:
+    frozen = token_ids.FrozenIds(array("i", ids))
+    assert frozen == tuple(ids) and tuple(ids) == frozen and frozen == ids and frozen == token_ids.FrozenIds(ids)
+    assert len(frozen) == len(ids) and list(frozen) == ids and hash(frozen) == hash(tuple(ids))
+    assert frozen[1:3] == tuple(ids[1:3]) and (not ids or frozen[-1] == ids[-1])
+    assert frozen + tuple(more) == tuple(ids + more) and tuple(more) + frozen == tuple(more + ids)
+    assert frozen != tuple([*ids, 7]) and frozen != "not ids"
+    assert pickle.loads(pickle.dumps(frozen)) == frozen
+
+
+def test_frozen_ids_keep_their_own_copy_and_refuse_what_is_not_a_token_id() -> None:
+    source = array("i", [5, 6, 7])
+    frozen = token_ids.FrozenIds(source)
+    source[0] = 99  # whoever handed the array on cannot change the record's ids
+    assert frozen == (5, 6, 7) and frozen.packed is not source
+    with pytest.raises(ValueError, match="prompt_ids must hold token ids"):
+        token_ids.FrozenIds(array("i", [1, -2]), "prompt_ids")
+
+
+def test_adopted_ids_are_held_without_a_copy() -> None:
+    built = array("i", [1, 2, 3])
+    frozen = token_ids.FrozenIds.adopt(built)
+    assert frozen.packed is built and frozen == (1, 2, 3)
+    with pytest.raises(TypeError, match="array"):
+        token_ids.FrozenIds.adopt((1, 2, 3))  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ SpliceReason: TypeAlias = Literal["extends"] | ForkReason
 class SplicePlan:
     """The prompt for one call and how it relates to earlier calls of the session."""
 
-    prompt_ids: tuple[int, ...]
+    prompt_ids: Sequence[int]  # a tuple, or FrozenIds over ``packed`` when the splice built the ids packed
     reason: SpliceReason
     parent_call_id: str | None
     reused_tokens: int  # leading prompt ids taken verbatim from the parent's prompt + completion

@@ -102,18 +102,27 @@ class TurnTokens:
     call instead of a Python-level pass per check and another for the Arrow column.
     """
 
-    prompt_ids: tuple[int, ...]  # given as any sequence (an array('i') is used packed as it is); held as a tuple
+    # given as any sequence; held as a tuple, or as FrozenIds (a packed copy) when given packed (an array('i'))
+    prompt_ids: Sequence[int]
     completion_ids: tuple[int, ...] = ()
     completion_logprobs: tuple[float, ...] = ()
     _arrow: tuple[pa.Array, pa.Array, pa.Array] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Ids already packed (the session graph's array('i'), read-only) back the Arrow column as they are.
-        packed = self.prompt_ids if isinstance(self.prompt_ids, array) else None
-        # Accept any sequence (lists from the engine) but store tuples, so a record cannot change after the fact.
-        if not isinstance(self.prompt_ids, tuple):
-            object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
-        prompt = _pack_ids(packed if packed is not None else self.prompt_ids, "prompt_ids")
+        # Ids already packed (the session graph's array('i')) are held as a packed copy that backs the Arrow column;
+        # any other sequence (lists from the engine or a shard) as a tuple: a record cannot change after the fact.
+        if isinstance(self.prompt_ids, array | token_ids.FrozenIds):
+            frozen = (
+                self.prompt_ids
+                if isinstance(self.prompt_ids, token_ids.FrozenIds)
+                else token_ids.FrozenIds(self.prompt_ids, "prompt_ids")
+            )
+            object.__setattr__(self, "prompt_ids", frozen)
+            prompt = token_ids.arrow(frozen.packed)
+        else:
+            if not isinstance(self.prompt_ids, tuple):
+                object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+            prompt = _pack_ids(self.prompt_ids, "prompt_ids")
         self._set_completion(prompt, self.completion_ids, self.completion_logprobs)
 
     def with_completion(self, completion_ids: Sequence[int], completion_logprobs: Sequence[float]) -> TurnTokens:
@@ -249,7 +258,7 @@ def to_row(record: CallRecord) -> dict[str, Any]:
     tokens = record.tokens
     return {
         **_scalar_row(record),
-        "prompt_ids": tokens.prompt_ids,
+        "prompt_ids": tuple(tokens.prompt_ids),
         "completion_ids": tokens.completion_ids,
         "completion_logprobs": tokens.completion_logprobs,
     }

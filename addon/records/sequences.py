@@ -112,7 +112,7 @@ def lineage(records: Sequence[CallRecord]) -> Lineage:
         p = ordered[position[pid]]
         if p.auxiliary:
             continue
-        head = p.tokens.prompt_ids + p.tokens.completion_ids
+        head = (*p.tokens.prompt_ids, *p.tokens.completion_ids)
         if r.tokens.prompt_ids[: len(head)] != head:
             broken.append(BrokenEdge(r.call_id, pid, "not_a_prefix"))
             continue
@@ -147,7 +147,7 @@ def build_sequences(records: Sequence[CallRecord]) -> list[TrainingSequence]:
 
 def _sequence(path: list[CallRecord], trained: set[str]) -> TrainingSequence:
     leaf = path[-1].tokens
-    input_ids = leaf.prompt_ids + leaf.completion_ids
+    input_ids = (*leaf.prompt_ids, *leaf.completion_ids)
     mask = [0] * len(input_ids)
     logprobs = [0.0] * len(input_ids)
     here: list[str] = []

@@ -13,13 +13,18 @@ proxy's one event loop. These helpers do the per-id work in C:
 * :func:`json_list_extending` — the same text, formatting only the ids after an earlier list that is a prefix of
   these (a session's next prompt extends its last one): the cost follows the new suffix, not the context.
 
+* :class:`FrozenIds` — an immutable sequence of ids over its own packed copy: what a record holds for a prompt
+  that arrived packed, instead of a tuple of 10^5 Python ints (3.5 ms to build at 131k ids, and 8 bytes a pointer
+  plus an int object per id, where the copy is one memcpy and 4 bytes an id).
+
 A packed array handed on is treated as read-only by everyone who holds it (the session graph shares it).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -78,3 +83,67 @@ def json_list_extending(ids: array[int], earlier: tuple[array[int], str] | None)
 
 
 __all__ = ["INT32_MAX", "arrow", "json_list", "json_list_extending", "pack"]
+
+
+class FrozenIds(Sequence[int]):
+    """Token ids that cannot change: a private ``array('i')`` copy. Equal to any tuple or list of the same ids
+    (so a record built from packed ids equals the same record read back from a shard); a slice is a tuple."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: Sequence[int], name: str = "token ids") -> None:
+        packed = pack(ids, name)
+        self._ids = array("i", packed) if packed is ids else packed  # a caller's array is copied, never shared
+
+    @classmethod
+    def adopt(cls, packed: array[int]) -> FrozenIds:
+        """``packed`` (an ``array('i')`` of valid ids just built) held as it is, without a copy: whoever built it
+        hands it over and, like everyone else who holds it, never writes to it again."""
+        if not (isinstance(packed, array) and packed.typecode == "i"):
+            raise TypeError(f"FrozenIds.adopt takes an array('i'), got {type(packed).__name__}")
+        frozen = cls.__new__(cls)
+        frozen._ids = packed
+        return frozen
+
+    @property
+    def packed(self) -> array[int]:
+        """The ids' own array: read it, never write to it."""
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
+        if isinstance(index, slice):
+            return tuple(self._ids[index])
+        return self._ids[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenIds):
+            return self._ids == other._ids
+        if isinstance(other, tuple | list):
+            return len(other) == len(self._ids) and tuple(self._ids) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._ids))
+
+    def __add__(self, other: Sequence[int]) -> tuple[int, ...]:
+        return (*self._ids, *other)
+
+    def __radd__(self, other: Sequence[int]) -> tuple[int, ...]:
+        return (*other, *self._ids)
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(str, self._ids[:8]))
+        return f"FrozenIds([{head}{', ...' if len(self._ids) > 8 else ''}], {len(self._ids)} ids)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenIds, (tuple(self._ids),))
