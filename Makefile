@@ -302,6 +302,8 @@ bench: proxy-env engine-env
 	$(PROXY_PY) benchmarks/splice_cost.py --model-dir "$$md"
 	$(PROXY_PY) benchmarks/stage_costs.py --model-dir "$$md" | tee benchmarks/results/stage_costs.md
 	$(PROXY_PY) benchmarks/side_by_side.py --model-dir "$$md" --only relay
+	$(PROXY_PY) benchmarks/mitm_floor.py --model-dir "$$md" | tee benchmarks/results/mitm_floor.md
+	$(PROXY_PY) benchmarks/engine_client.py --model-dir "$$md" | tee benchmarks/results/engine_client.md
 	url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
 	if curl -sf "$$url/health" >/dev/null; then $(PROXY_PY) benchmarks/proxy_overhead.py --engine-url "$$url";
 	else echo "bench: proxy_overhead.py and the end-to-end replay skipped: no engine at $$url (make serve)"; url=; fi
