@@ -14,7 +14,7 @@ import json
 import math
 import socket
 from array import array
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -59,11 +59,27 @@ def fake(handler: Callable[[httpx.Request], httpx.Response]) -> EngineClient:
 
 
 @asynccontextmanager
+async def engine_serving(
+    completions: Callable[[web.Request], Awaitable[web.StreamResponse]], timeouts: ClientTimeouts | None = None
+) -> AsyncIterator[EngineClient]:
+    """A FAKE vLLM on loopback whose ``/v1/completions`` is ``completions``, and a client of it."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{server.port}", timeouts=timeouts) as client:
+            yield client
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
 async def streaming_engine(
     pieces: Sequence[bytes], status: int = 200, pause_s: float = 0.0, timeouts: ClientTimeouts | None = None
 ) -> AsyncIterator[tuple[EngineClient, list[dict[str, Any]]]]:
-    """A FAKE vLLM on loopback whose ``/v1/completions`` answers ``status`` and writes ``pieces`` one network write
-    each (``pause_s`` between them), and a client of it; also the request bodies it received."""
+    """:func:`engine_serving` answering ``status`` and writing ``pieces`` one network write each (``pause_s``
+    between them); also the request bodies it received."""
     received: list[dict[str, Any]] = []
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -76,15 +92,8 @@ async def streaming_engine(
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    server = TestServer(app)
-    await server.start_server()
-    try:
-        async with EngineClient(f"http://127.0.0.1:{server.port}", timeouts=timeouts) as client:
-            yield client, received
-    finally:
-        await server.close()
+    async with engine_serving(completions, timeouts) as client:
+        yield client, received
 
 
 def completion_body(ids: list[int], lps: list[float] | None, finish: str = "length", usage: Any = "auto") -> bytes:
@@ -307,18 +316,11 @@ async def test_a_stream_cut_by_the_engine_is_unavailable() -> None:
         request.transport.close()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", cut)
-    server = TestServer(app)
-    await server.start_server()
-    try:
-        async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
-            seen: list[GenerationChunk] = []
-            with pytest.raises(EngineUnavailable):
-                async for c in client.stream(REQ):
-                    seen.append(c)
-    finally:
-        await server.close()
+    seen: list[GenerationChunk] = []
+    async with engine_serving(cut) as client:
+        with pytest.raises(EngineUnavailable):
+            async for c in client.stream(REQ):
+                seen.append(c)
     assert [c.token_ids for c in seen] == [(7,)]  # what was sampled before the cut still reaches the caller
 
 

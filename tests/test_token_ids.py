@@ -95,5 +95,6 @@ def test_adopted_ids_are_held_without_a_copy() -> None:
     built = array("i", [1, 2, 3])
     frozen = token_ids.FrozenIds.adopt(built)
     assert frozen.packed is built and frozen == (1, 2, 3)
+    assert token_ids.pack(frozen) is built  # checked when made: handed out as it is
     with pytest.raises(TypeError, match="array"):
         token_ids.FrozenIds.adopt((1, 2, 3))  # type: ignore[arg-type]

@@ -182,8 +182,8 @@ class Generator:
             raise planned
         plan, prompt_json = planned
         turn.plan = plan
-        # the packed ids when the splice built them (checked and encoded in C downstream), else the tuple
-        turn.prompt_ids = plan.packed if plan.packed is not None else plan.prompt_ids
+        # FrozenIds over the array the splice built (the engine request and the row read that array), else a tuple
+        turn.prompt_ids = plan.prompt_ids
         self.stats.splice(plan.reason)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(

@@ -90,7 +90,7 @@ def prelude(request: ModelRequest, prompt_ids: Sequence[int], canonical_json: Ca
     request_json = canonical_json.request(request) if canonical_json is not None else dumps_json(plain(request))
     return RecordPrelude(
         request_canonical=pack_json_text(request_json),
-        tokens=TurnTokens(prompt_ids),  # packed ids are held as a packed copy (FrozenIds), not a tuple
+        tokens=TurnTokens(prompt_ids),  # packed ids (FrozenIds) are held as they are, not as a tuple
         identity_hints=_identity(request),
         auxiliary_reason=auxiliary_reason(request),
         sampling_requested=plain(request.sampling),

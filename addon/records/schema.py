@@ -111,19 +111,13 @@ class TurnTokens:
     def __post_init__(self) -> None:
         # Ids already packed (the session graph's array('i')) are held as a packed copy that backs the Arrow column;
         # any other sequence (lists from the engine or a shard) as a tuple: a record cannot change after the fact.
-        if isinstance(self.prompt_ids, array | token_ids.FrozenIds):
-            frozen = (
-                self.prompt_ids
-                if isinstance(self.prompt_ids, token_ids.FrozenIds)
-                else token_ids.FrozenIds(self.prompt_ids, "prompt_ids")
-            )
-            object.__setattr__(self, "prompt_ids", frozen)
-            prompt = token_ids.arrow(frozen.packed)
-        else:
-            if not isinstance(self.prompt_ids, tuple):
-                object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
-            prompt = _pack_ids(self.prompt_ids, "prompt_ids")
-        self._set_completion(prompt, self.completion_ids, self.completion_logprobs)
+        ids = self.prompt_ids
+        if isinstance(ids, array):
+            ids = token_ids.FrozenIds(ids, "prompt_ids")
+        elif not isinstance(ids, tuple | token_ids.FrozenIds):
+            ids = tuple(ids)
+        object.__setattr__(self, "prompt_ids", ids)
+        self._set_completion(_pack_ids(ids, "prompt_ids"), self.completion_ids, self.completion_logprobs)
 
     def with_completion(self, completion_ids: Sequence[int], completion_logprobs: Sequence[float]) -> TurnTokens:
         """These prompt ids with a completion. The prompt half is not checked or packed again: the generator builds

@@ -5,17 +5,16 @@ Contract
 A long prompt is 10^5 ids; every pass that touches them one Python int at a time costs milliseconds per call on the
 proxy's one event loop. These helpers do the per-id work in C:
 
-* :func:`pack` — ``array('i')`` of the ids (the same object when it already is one), ``ValueError`` naming
-  ``name`` for anything that is not a token id in [0, 2**31);
+* :func:`pack` — ``array('i')`` of the ids (the same object when it already is one, a :class:`FrozenIds`' own
+  array), ``ValueError`` naming ``name`` for anything that is not a token id in [0, 2**31);
 * :func:`arrow` — an int32 Arrow array over the packed buffer (no copy);
 * :func:`json_list` — the ids as a compact JSON list (``"[1,2,3]"``), formatted by Arrow's cast and join kernels
   (about 5x faster than ``json.dumps`` of a list at 128k ids);
 * :func:`json_list_extending` — the same text, formatting only the ids after an earlier list that is a prefix of
-  these (a session's next prompt extends its last one): the cost follows the new suffix, not the context.
-
-* :class:`FrozenIds` — an immutable sequence of ids over its own packed copy: what a record holds for a prompt
-  that arrived packed, instead of a tuple of 10^5 Python ints (3.5 ms to build at 131k ids, and 8 bytes a pointer
-  plus an int object per id, where the copy is one memcpy and 4 bytes an id).
+  these (a session's next prompt extends its last one): the cost follows the new suffix, not the context;
+* :class:`FrozenIds` — an immutable sequence of ids over one packed array: what a splice plan and a record hold
+  for a prompt that arrived packed, instead of a tuple of 10^5 Python ints (3-3.5 ms to build at 131k ids, and 8
+  bytes a pointer plus an int object per id, against 4 bytes an id).
 
 A packed array handed on is treated as read-only by everyone who holds it (the session graph shares it).
 """
@@ -37,6 +36,8 @@ if array("i").itemsize != 4:
 
 def pack(ids: Sequence[int], name: str = "token ids") -> array[int]:
     """The ids as ``array('i')``; ValueError when one is not an int in [0, 2**31)."""
+    if isinstance(ids, FrozenIds):
+        return ids.packed  # checked when it was made
     if isinstance(ids, array) and ids.typecode == "i":
         packed = ids
     else:
@@ -86,8 +87,10 @@ __all__ = ["INT32_MAX", "arrow", "json_list", "json_list_extending", "pack"]
 
 
 class FrozenIds(Sequence[int]):
-    """Token ids that cannot change: a private ``array('i')`` copy. Equal to any tuple or list of the same ids
-    (so a record built from packed ids equals the same record read back from a shard); a slice is a tuple."""
+    """Token ids that cannot change, held in their own ``array('i')`` (a copy, or one adopted from whoever just
+    built it), which :func:`pack` hands out as it is: the engine request and a row's Arrow column read the ids
+    without a copy. Equal to any tuple or list of the same ids (so a record built from packed ids equals the same
+    record read back from a shard); a slice is a tuple."""
 
     __slots__ = ("_ids",)
 
