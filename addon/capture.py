@@ -24,6 +24,10 @@ at most ``harnessrl_startup_wait_s``, then gets a vendor-shaped 503 with ``retry
 shuts the proxy down; mitmproxy's ``errorcheck`` addon turns an error logged during start-up into exit status 1. Calls
 that waited, and any arriving while the process shuts down, get the 503 at once, never a hang.
 
+The hop to the internal server carries no body for the sessions this process answers (worker 0): mitmproxy already
+read it, so it waits in memory under the call id (:meth:`~addon.serving.server.InternalServer.hand_off`) and is
+dropped if the hop fails; calls of other generation workers carry their body over loopback.
+
 Header field lines: a retargeted call reaches the internal server with one field line per name
 (:func:`fold_field_lines`), because aiohttp's request parser refuses a repeated User-Agent, Content-Type... that
 clients do send (hermes: its SDK's ``User-Agent`` plus its own ``user-agent``) and the vendors accept. Repeated
@@ -55,7 +59,15 @@ from addon.records.store import RecordStoreError  # noqa: E402
 from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
 from addon.serving.config import OPTIONS, CaptureConfig, add_options  # noqa: E402
 from addon.serving.runtime import Runtime  # noqa: E402
-from addon.serving.server import CALL_PATH, HEADER_CALL_ID, HEADER_PATH, HEADER_SESSION, INTERNAL_HEADERS  # noqa: E402
+from addon.serving.server import (  # noqa: E402
+    CALL_PATH,
+    HEADER_CALL_ID,
+    HEADER_HANDOFF,
+    HEADER_PATH,
+    HEADER_SESSION,
+    INTERNAL_HEADERS,
+)
+from addon.serving.shared_port import listen_shared  # noqa: E402
 from converters.canonical import ConversionError  # noqa: E402
 
 log = logging.getLogger("harnessrl.capture")
@@ -74,6 +86,7 @@ class Capture:
         self._settled = asyncio.Event()  # start-up ended, well or not: calls waiting for it go on
         self._unavailable: str | None = None  # why calls get a 503 now (a failed start-up, shutting down)
         self._waiting = 0  # calls waiting for start-up to end
+        self._shared: asyncio.Server | None = None  # the SO_REUSEPORT listener (harnessrl_shared_port)
 
     def load(self, loader) -> None:
         add_options(loader)
@@ -90,6 +103,8 @@ class Capture:
     async def running(self) -> None:
         assert self.config is not None
         try:
+            if self.config.shared_port:
+                await self._listen_shared(self.config.shared_port)
             options = {name: getattr(ctx.options, name) for name, *_ in OPTIONS}  # what worker processes rebuild
             self.runtime = await Runtime.start(self.config, options)
         except Exception as e:
@@ -102,6 +117,16 @@ class Capture:
             self.runtime.port,
             self.runtime.engine.describe(),
         )
+
+    async def _listen_shared(self, port: int) -> None:
+        """The port shared with the other processes of this proxy (SO_REUSEPORT; addon/serving/shared_port.py): its
+        connections go to mitmproxy's own server for the first mode, as its listen port's do."""
+        proxyserver = ctx.master.addons.get("proxyserver")
+        instance = proxyserver.servers[ctx.options.mode[0]] if proxyserver is not None else None
+        if instance is None:
+            raise OSError(f"harnessrl_shared_port: no proxy server runs for mode {ctx.options.mode[0]!r}")
+        self._shared = await listen_shared(instance.handle_stream, ctx.options.listen_host, port)
+        log.info("harnessrl: also listening on the shared port %d", port)
 
     async def _fail_start(self, e: Exception) -> None:
         """A proxy that cannot start exits non-zero with the reason, answering the calls that waited first."""
@@ -119,6 +144,8 @@ class Capture:
 
     async def done(self) -> None:
         self._unavailable = self._unavailable or "the capture proxy is shutting down"
+        if self._shared is not None:
+            self._shared.close()  # no new connections; the kernel hands them to the other processes
         if self.runtime is not None:
             await self.runtime.stop()
 
@@ -176,7 +203,7 @@ class Capture:
         elif isinstance(verdict, Admitted):
             port = self._port_for(verdict.session)
             if port is None:
-                reason = "the generation worker of this session is restarting"
+                reason = "the generation process of this session is not available (restarting or stopped)"
                 log.warning("harnessrl: 503 for %s %s: %s", req.method, req.pretty_url, reason)
                 flow.response = _response(unavailable(arrival, reason, RETRY_AFTER_S))
                 return
@@ -203,13 +230,31 @@ class Capture:
         req.headers.fields = fold_field_lines(req.headers.fields)  # raises on ambiguous framing: answered locally
         req.headers[HEADER_SESSION] = admitted.session
         req.headers[HEADER_PATH] = admitted.original
-        req.headers[HEADER_CALL_ID] = uuid.uuid4().hex
+        call_id = uuid.uuid4().hex
+        req.headers[HEADER_CALL_ID] = call_id
+        server = self.runtime.server if self.runtime is not None else None
+        if server is not None and port == server.port:  # this process answers it: the body stays in memory
+            server.hand_off(call_id, req.raw_content or b"")
+            req.raw_content = b""
+            if "content-length" in req.headers:
+                req.headers["content-length"] = "0"
+            req.headers[HEADER_HANDOFF] = "1"
+            flow.metadata["harnessrl_handoff"] = call_id
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, CALL_PATH
         flow.metadata["harnessrl"] = admitted.session
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if "harnessrl" in flow.metadata and flow.response is not None:
             flow.response.stream = True  # pass every chunk on as the engine samples it
+            self._drop_handoff(flow)  # taken by now, unless aiohttp refused the request before the handler ran
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._drop_handoff(flow)  # the hop may have failed before the server took the body
+
+    def _drop_handoff(self, flow: http.HTTPFlow) -> None:
+        call_id = flow.metadata.pop("harnessrl_handoff", None)
+        if call_id and self.runtime is not None and self.runtime.server is not None:
+            self.runtime.server.drop_handoff(call_id)
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         if self._intercepted(flow) and flow.websocket is not None:

@@ -10,8 +10,14 @@ ends it. A mitmdump that exits first (a start-up failure exits with status 1 and
 In regular mode the session comes from the proxy credentials (``proxyauth=any``); in reverse mode (a base URL) from
 the ``/s/<session>`` path prefix — proxyauth would demand HTTP auth there, so it is off.
 
-CLI (proxy env): ``python -m addon.launch --engine-url URL [--port P] [--records-dir D] [--set name=value ...]``
-runs in the foreground until Ctrl-C, printing the ``HTTPS_PROXY`` and CA path to use.
+``start_shared(config, procs)`` starts ``procs`` such proxies behind the one port ``config.port`` (each also listens
+there with ``SO_REUSEPORT``; sessions are answered by one process each: :mod:`addon.serving.shared_port`): one
+``HTTPS_PROXY``, one CA (a shared confdir, made by the first process before the others start), the internal port of
+process ``k`` is ``handles[k].admin_port`` (``config.admin_port`` for the first; any of them answers the admin
+routes for all), its records go to ``<records>/worker-<k>`` for k > 0 and its log to ``mitmdump-<k>.log``.
+
+CLI (proxy env): ``python -m addon.launch --engine-url URL [--port P] [--procs N] [--records-dir D]
+[--set name=value ...]`` runs in the foreground until Ctrl-C, printing the ``HTTPS_PROXY`` and CA path to use.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
+
+from addon.serving.workers import worker_records_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
@@ -116,10 +124,53 @@ def command(config: ProxyConfig, port: int, admin_port: int, records: Path) -> l
 
 
 def start(config: ProxyConfig) -> ProxyHandle:
+    handle = _spawn(config)
+    _wait_ready(handle, config.startup_timeout)
+    return handle
+
+
+def start_shared(config: ProxyConfig, procs: int) -> list[ProxyHandle]:
+    """``procs`` proxies behind one port (see the module docstring); all or none: a failure stops those started."""
+    if procs < 1:
+        raise ValueError(f"procs must be >= 1, got {procs}")
+    port = config.port or free_port()
+    internal = [config.admin_port or free_port()]
+    while len(internal) < procs:
+        if (p := free_port()) not in internal:
+            internal.append(p)
+    records = config.records_dir or config.workdir / "records"
+    sharing = (f"harnessrl_shared_port={port}", f"harnessrl_peer_ports={','.join(map(str, internal))}")
+    configs = [
+        replace(
+            config,
+            port=free_port(),  # mitmproxy's own listener: private; clients use the shared port
+            admin_port=internal[k],
+            records_dir=worker_records_dir(records, k),
+            options=(*config.options, *sharing),
+        )
+        for k in range(procs)
+    ]
+    handles: list[ProxyHandle] = []
+    try:
+        handles.append(_spawn(configs[0], "mitmdump-0.log", port))
+        _wait_ready(handles[0], config.startup_timeout)  # its CA first: every process must present the same one
+        handles += [_spawn(c, f"mitmdump-{k}.log", port) for k, c in enumerate(configs[1:], 1)]
+        for h in handles[1:]:
+            _wait_ready(h, config.startup_timeout)
+        for h in handles:  # and each sees every other one listening, so no session starts with a 503
+            _wait_peers(h, config.startup_timeout)
+    except BaseException:
+        for h in handles:
+            h.stop()
+        raise
+    return handles
+
+
+def _spawn(config: ProxyConfig, log_name: str = "mitmdump.log", public_port: int | None = None) -> ProxyHandle:
     config.workdir.mkdir(parents=True, exist_ok=True)
     port, admin = config.port or free_port(), config.admin_port or free_port()
     records = config.records_dir or config.workdir / "records"
-    log = config.workdir / "mitmdump.log"
+    log = config.workdir / log_name
     with log.open("ab") as out:
         proc = subprocess.Popen(
             command(config, port, admin, records),
@@ -129,16 +180,30 @@ def start(config: ProxyConfig) -> ProxyHandle:
             env=os.environ | dict(config.env) if config.env else None,
             start_new_session=True,
         )
-    handle = ProxyHandle(proc, port, admin, config.workdir / "mitm", records, log, config.mode)
-    deadline = time.monotonic() + config.startup_timeout
+    return ProxyHandle(proc, public_port or port, admin, config.workdir / "mitm", records, log, config.mode)
+
+
+def _wait_ready(handle: ProxyHandle, timeout: float) -> None:
+    proc, log = handle.process, handle.log
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"mitmdump exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        if handle.ca.exists() and _answers(admin):
-            return handle
+        if handle.ca.exists() and _answers(handle.admin_port):
+            return
         time.sleep(0.2)
     handle.stop()
-    raise TimeoutError(f"mitmdump not ready after {config.startup_timeout:.0f}s:\n{log.read_text()[-3000:]}")
+    raise TimeoutError(f"mitmdump not ready after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_peers(handle: ProxyHandle, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        peers = handle.admin("GET", "stats").get("worker_processes", [])
+        if peers and all(p["up"] for p in peers):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the processes sharing port {handle.port} did not all see each other in {timeout:.0f}s")
 
 
 def _answers(port: int) -> bool:
@@ -155,11 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("runs/proxy"))
     ap.add_argument("--records-dir", type=Path, default=None)
     ap.add_argument("--mode", default="regular")
+    ap.add_argument("--procs", type=int, default=1, help="mitmdump processes sharing the port (about one per core)")
     ap.add_argument("--set", dest="options", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
     cfg = ProxyConfig(args.engine_url, args.workdir, args.port, 0, args.mode, args.records_dir, tuple(args.options))
-    handle = start(cfg)
+    handles = start_shared(cfg, args.procs) if args.procs > 1 else [start(cfg)]
+    handle = handles[0]
     print(f"proxy ready on 127.0.0.1:{handle.port} (records: {handle.records}, log: {handle.log})", file=sys.stderr)
+    if len(handles) > 1:
+        print(f"  {len(handles)} processes share the port (logs beside {handle.log})", file=sys.stderr)
     if handle.mode == "regular":
         print(f"  HTTPS_PROXY=http://SESSION:token@127.0.0.1:{handle.port}", file=sys.stderr)
         print(f"  CA: {handle.ca} (NODE_EXTRA_CA_CERTS / SSL_CERT_FILE / CODEX_CA_CERTIFICATE)", file=sys.stderr)
@@ -167,10 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  base URL: http://127.0.0.1:{handle.port}/s/SESSION", file=sys.stderr)
     print(f"  admin: http://127.0.0.1:{handle.admin_port}/_harnessrl/admin/stats", file=sys.stderr)
     try:
-        handle.process.wait()
+        while all(h.process.poll() is None for h in handles):
+            time.sleep(0.5)
     except KeyboardInterrupt:
-        handle.stop()
-    return handle.process.returncode or 0
+        pass
+    for h in handles:
+        h.stop()
+    return max(h.process.returncode or 0 for h in handles)
 
 
 if __name__ == "__main__":

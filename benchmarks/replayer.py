@@ -330,13 +330,20 @@ def recover(records_dirs: Sequence[Path]) -> int:
     """Open and close each folder's record store (its writer must have stopped), turning rows a crash or an
     interrupted shutdown left in the write-ahead log into a shard, as the next proxy start would. Returns them."""
     recovered = 0
-    stores = [p for d in records_dirs for p in (Path(d), *sorted(Path(d).glob("worker-*")))]  # harnessrl_workers
+    stores = [p for d in outermost(records_dirs) for p in (Path(d), *sorted(Path(d).glob("worker-*")))]  # workers
     for d in stores:
         if list_segments(Path(d) / "wal"):
             store = RecordStore.open(d)
             recovered += store.recovery.recovered_rows
             store.close()
     return recovered
+
+
+def outermost(records_dirs: Sequence[Path]) -> list[Path]:
+    """The folders not inside another one of them (a shared-port proxy's handles name ``records`` and its
+    ``records/worker-<k>``; shards are read recursively, so each must be read once)."""
+    dirs = [Path(d).resolve() for d in records_dirs]
+    return [d for d in dict.fromkeys(dirs) if not any(o != d and d.is_relative_to(o) for o in dirs)]
 
 
 def verify(log: ReplayLog, records_dirs: Sequence[Path]) -> Verdict:
@@ -346,7 +353,7 @@ def verify(log: ReplayLog, records_dirs: Sequence[Path]) -> Verdict:
     try:
         recover(records_dirs)
         table = read_records(
-            [str(d) for d in records_dirs], columns=["session_id", "completion_canonical", "incomplete"]
+            [str(d) for d in outermost(records_dirs)], columns=["session_id", "completion_canonical", "incomplete"]
         )
     except Exception as e:  # an unreadable shard is a finding, not a crash of the check
         return Verdict(len(log.completed()), 0, 0, 0, 0, 0, f"{type(e).__name__}: {e}")

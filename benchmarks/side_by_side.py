@@ -187,17 +187,21 @@ def load_levels(
     rows: list[LevelRow] = []
     for n in levels:
         rows.append(run_level("direct", Direct(engine_url), n, seconds, seed)[0])
-        # (mitmdump processes, base URL, generation workers per mitmdump)
-        variants = [(k, False, 1) for k in sorted({1, procs})] + ([(1, False, procs)] if procs > 1 else [])
-        for k, base_url, workers in [*variants, (1, True, 1)]:
+        # (mitmdump processes, base URL, generation workers per mitmdump, the processes sharing one port)
+        variants = [(k, False, 1, False) for k in sorted({1, procs})]
+        if procs > 1:
+            variants += [(procs, False, 1, True), (1, False, procs, False)]
+        for k, base_url, workers, shared in [*variants, (1, True, 1, False)]:
             options = (f"harnessrl_workers={workers}",)
-            where = work / f"lvl-{n}-{k}-{base_url}-w{workers}"
-            handles = tree.start_proxies(engine_url, k, where, model_dir, options=options)
-            name, target = (
-                ("harnessrl base URL x1", BaseUrl(tuple(handles)))
-                if base_url
-                else (f"harnessrl x{k}" + (f" workers{workers}" if workers > 1 else ""), Proxied(tuple(handles)))
-            )
+            where = work / f"lvl-{n}-{k}-{base_url}-w{workers}-{'shared' if shared else 'own'}"
+            handles = tree.start_proxies(engine_url, k, where, model_dir, options=options, shared=shared)
+            if base_url:
+                name, target = "harnessrl base URL x1", BaseUrl(tuple(handles))
+            elif shared:  # the replayer spreads sessions over the handles: every one names the same port
+                name, target = f"harnessrl x{k} one port", Proxied(tuple(handles))
+            else:
+                name = f"harnessrl x{k}" + (f" workers{workers}" if workers > 1 else "")
+                target = Proxied(tuple(handles))
             try:
                 row, log = run_level(name, target, n, seconds, seed)
             finally:

@@ -98,9 +98,15 @@ def start_proxies(
     model_dir: str | Path,
     options: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    shared: bool = False,
 ) -> list[ProxyHandle]:
     """``n`` mitmdump + capture processes against ``engine_url``, each with its own workdir and records folder
-    (``env``: extra environment for them)."""
+    (``env``: extra environment for them); ``shared``: the ``n`` processes behind one port
+    (``launch.start_shared``: one workdir, records in ``worker-<k>`` subfolders)."""
+    if shared:
+        opts = (f"harnessrl_model_dir={model_dir}", *options)
+        cfg = launch.ProxyConfig(engine_url, workdir / "shared", options=opts, env=tuple((env or {}).items()))
+        return launch.start_shared(cfg, n)
     handles: list[ProxyHandle] = []
     try:
         for i in range(n):

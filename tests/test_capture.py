@@ -44,7 +44,7 @@ from addon.capture import Capture, fold_field_lines
 from addon.engine.client import EngineClient, GenerationRequest
 from addon.records.schema import read_records
 from addon.records.store import RecordStoreError
-from addon.serving.server import CALL_PATH, harness_from_user_agent
+from addon.serving.server import CALL_PATH, HEADER_CALL_ID, HEADER_HANDOFF, harness_from_user_agent
 from benchmarks import fake_engine
 from converters.canonical import ConversionError
 from tests.conftest import start_proxy, stop_process, wait_until
@@ -466,10 +466,11 @@ def anthropic_flow(*fields: tuple[bytes, bytes]) -> mhttp.HTTPFlow:
 class StubRuntime:
     """What the addon needs of a started runtime to retarget a call: the internal server's port."""
 
-    def __init__(self, port: int = 9) -> None:
+    def __init__(self, port: int = 9, server: object = None) -> None:
         self.port = port
         self.engine = SimpleNamespace(describe=lambda: "a stub engine")
         self.workers = None  # one process: every call goes to ``port``
+        self.server = server  # the in-process internal server (None: the body crosses the hop)
 
     async def stop(self) -> None:
         pass
@@ -530,6 +531,43 @@ async def test_a_call_with_two_user_agent_lines_reaches_aiohttp_as_one(monkeypat
         assert json.loads(body) == {"user-agent": ["claude-code/2.0.14 Anthropic/Python 0.69.0"]}
     finally:
         await server.close()
+
+
+class HandOffs:
+    """The internal server's hand-off surface, as the addon uses it (the server side: tests/test_server.py)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.bodies: dict[str, bytes] = {}
+
+    def hand_off(self, call_id: str, body: bytes) -> None:
+        self.bodies[call_id] = body
+
+    def drop_handoff(self, call_id: str) -> bool:
+        return self.bodies.pop(call_id, None) is not None
+
+
+async def test_a_call_for_this_process_leaves_its_body_in_memory_and_a_failed_hop_drops_it(monkeypatch) -> None:
+    server = HandOffs(port=4242)
+
+    async def start(config: object, options: object = None) -> StubRuntime:
+        return StubRuntime(4242, server)
+
+    flow = anthropic_flow()
+    async with addon_with(monkeypatch, start) as (addon, _):
+        await addon.running()
+        await addon.request(flow)
+        req = flow.request
+        call_id = req.headers[HEADER_CALL_ID]
+        assert (req.port, req.path, req.raw_content) == (4242, CALL_PATH, b"")
+        assert (req.headers["content-length"], req.headers[HEADER_HANDOFF]) == ("0", "1")
+        assert server.bodies == {call_id: ANTHROPIC_BODY}
+        addon.error(flow)  # the hop failed (connection refused): nothing waits for a request that never comes
+        assert server.bodies == {}
+        other = anthropic_flow((b"x-harnessrl-handoff", b"1"))  # a client cannot ask for a hand-off
+        addon.runtime.server = None  # type: ignore[union-attr]  # a call of another process's session
+        await addon.request(other)
+        assert other.request.raw_content == ANTHROPIC_BODY and HEADER_HANDOFF not in other.request.headers
 
 
 async def test_disagreeing_content_lengths_get_a_vendor_400_and_are_not_forwarded(monkeypatch) -> None:

@@ -23,7 +23,15 @@ from addon.records.schema import read_records
 from addon.records.wal import list_segments
 from addon.serving.config import CaptureConfig, add_options
 from addon.serving.runtime import Runtime
-from addon.serving.server import CALL_PATH, HEADER_PATH, HEADER_SESSION, LISTEN_BACKLOG, harness_from_user_agent
+from addon.serving.server import (
+    CALL_PATH,
+    HEADER_CALL_ID,
+    HEADER_HANDOFF,
+    HEADER_PATH,
+    HEADER_SESSION,
+    LISTEN_BACKLOG,
+    harness_from_user_agent,
+)
 from benchmarks.fake_engine import FakeEngine, Faults
 from tests.runtime_world import start_runtime
 
@@ -104,6 +112,29 @@ async def test_a_client_that_gives_up_stops_its_call_waiting_on_the_engine(world
     await asyncio.wait_for(world.runtime.stop(), 30)
     rows = read_records([str(world.records)], columns=["session_id", "error", "incomplete"]).to_pylist()
     assert rows == [{"session_id": "gave-up", "error": "client_disconnected", "incomplete": True}]
+
+
+async def test_a_body_handed_over_in_memory_is_answered_and_recorded_as_if_it_crossed_the_hop(world: World) -> None:
+    """The capture addon leaves the body of its own process's calls with ``hand_off`` and sends none over loopback."""
+    server = world.runtime.server
+    assert server is not None
+    body = json.dumps({"model": "m", "messages": USER, "stream": True, "max_tokens": 64, "tools": TOOLS}).encode()
+    server.hand_off("call-handed", body)
+    headers = {HEADER_PATH: "/v1/chat/completions", HEADER_SESSION: "handed", HEADER_CALL_ID: "call-handed",
+               HEADER_HANDOFF: "1", "content-type": "application/json"}  # fmt: skip
+    async with httpx.AsyncClient(timeout=30) as client:
+        answered = await client.post(world.url, content=b"", headers=headers)
+        assert answered.status_code == 200 and b"data: [DONE]" in answered.content
+        assert server.handoffs_waiting == 0
+        lost = await client.post(world.url, content=b"", headers=headers)  # taken once: a second one has no body
+    assert lost.status_code == 500 and "body lost" in lost.text
+    server.hand_off("never-sent", b"{}")
+    assert server.drop_handoff("never-sent") and not server.drop_handoff("never-sent") and not server.handoffs_waiting
+    await asyncio.wait_for(world.runtime.stop(), 30)
+    rows = read_records([str(world.records)], columns=["session_id", "call_id", "incomplete", "wire_format"])
+    assert rows.to_pylist() == [
+        {"session_id": "handed", "call_id": "call-handed", "incomplete": False, "wire_format": "chat"}
+    ]
 
 
 async def test_shutdown_cancels_a_call_hung_on_the_engine_and_closes_the_store(world: World) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from addon.engine.pool import parse_engine_urls
 from addon.generation.sampling import SamplingPolicy
 from addon.generation.sessions import Budget, SessionSource, parse_sources
+from addon.serving.shared_port import parse_ports
 from addon.serving.tuning import ProcessTuning
 
 DEFAULT_HOSTS = "api.anthropic.com,api.openai.com,generativelanguage.googleapis.com"
@@ -88,6 +89,20 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
         "Generation processes: 1 answers every call in the mitmproxy process; N > 1 adds N - 1 worker processes, "
         "each session handled by one (addon/serving/workers.py). About one per core left after the engine.",
     ),
+    (
+        "harnessrl_shared_port",
+        int,
+        0,
+        "Also take proxy clients on this port with SO_REUSEPORT, shared by the processes of one proxy (python -m "
+        "addon.launch --procs N; addon/serving/shared_port.py). 0: only mitmproxy's own listen port.",
+    ),
+    (
+        "harnessrl_peer_ports",
+        str,
+        "",
+        "Internal ports (harnessrl_server_port) of every process sharing harnessrl_shared_port, this one's among "
+        "them, comma-separated: each session is answered by one of them. Empty: this process answers its calls.",
+    ),
 )
 
 MAX_WORKERS = 64
@@ -118,6 +133,8 @@ class CaptureConfig:
     engine_wait_s: float = 600.0
     startup_wait_s: float = 120.0
     workers: int = 1
+    shared_port: int = 0
+    peer_ports: tuple[int, ...] = ()
 
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
@@ -159,6 +176,8 @@ class CaptureConfig:
             raise ValueError(
                 f"harnessrl_workers must be between 1 and {MAX_WORKERS} (about one per core), got {o.harnessrl_workers}"
             )
+        peer_ports = parse_ports(o.harnessrl_peer_ports)
+        _check_sharing(o.harnessrl_shared_port, peer_ports, o.harnessrl_server_port, o.harnessrl_workers)
         return cls(
             engine_urls=engine_urls,
             model_dir=Path(o.harnessrl_model_dir) if o.harnessrl_model_dir else None,
@@ -187,6 +206,8 @@ class CaptureConfig:
             engine_wait_s=float(o.harnessrl_engine_wait_s),
             startup_wait_s=float(o.harnessrl_startup_wait_s),
             workers=o.harnessrl_workers,
+            shared_port=o.harnessrl_shared_port,
+            peer_ports=peer_ports,
             tuning=ProcessTuning(
                 gc_young=o.harnessrl_gc_young,
                 malloc_arenas=o.harnessrl_malloc_arenas,
@@ -196,3 +217,27 @@ class CaptureConfig:
 
     def describe_hosts(self) -> str:
         return "every host" if "*" in self.hosts else ", ".join(sorted(self.hosts))
+
+
+def _check_sharing(shared_port: int, peer_ports: tuple[int, ...], server_port: int, workers: int) -> None:
+    if not 0 <= shared_port < 65536:
+        raise ValueError(f"harnessrl_shared_port must be a port number (0: off), got {shared_port}")
+    if shared_port and not peer_ports:
+        raise ValueError(
+            "harnessrl_shared_port needs harnessrl_peer_ports (the internal port of every process sharing it), or "
+            "sessions would be split between processes; python -m addon.launch --procs N sets both"
+        )
+    if not peer_ports:
+        return
+    if server_port == 0 or server_port not in peer_ports:
+        raise ValueError(
+            f"harnessrl_peer_ports {list(peer_ports)} must include this process's harnessrl_server_port "
+            f"({server_port or 'unset: set it'})"
+        )
+    if len(set(peer_ports)) != len(peer_ports):
+        raise ValueError(f"harnessrl_peer_ports {list(peer_ports)} names a port twice")
+    if workers > 1:
+        raise ValueError(
+            "harnessrl_peer_ports and harnessrl_workers > 1 do not combine: a shared-port proxy already runs one "
+            "generation process per mitmdump (use more --procs instead)"
+        )

@@ -39,6 +39,7 @@ from addon.serving.base_url import BaseUrlEndpoint
 from addon.serving.config import CaptureConfig
 from addon.serving.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
 from addon.serving.server import InternalServer
+from addon.serving.shared_port import StaticPeers
 from addon.serving.tuning import Trimmer
 from addon.serving.workers import WorkerPool
 from converters import dialect_for
@@ -63,7 +64,9 @@ class Runtime:
         self._bind_lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
         self.trimmer = Trimmer(config.tuning)
-        self.workers: WorkerPool | None = None  # the other generation processes (harnessrl_workers > 1)
+        # the other generation processes: started by this one (harnessrl_workers > 1), or the other processes of a
+        # shared-port proxy (harnessrl_peer_ports)
+        self.workers: WorkerPool | StaticPeers | None = None
 
     @property
     def port(self) -> int:
@@ -79,7 +82,9 @@ class Runtime:
             RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
         )
         runtime = cls(config, EnginePool.from_urls(config.engine_urls, wait_s=config.engine_wait_s), store)
-        if config.workers > 1:
+        if config.peer_ports:
+            runtime.workers = StaticPeers(config.peer_ports, config.server_port)
+        elif config.workers > 1:
             runtime.workers = WorkerPool(config.workers, options or {}, store.run_id, config.records_dir)
         runtime.server = InternalServer(
             _LazyGenerator(runtime),

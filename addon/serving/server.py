@@ -8,7 +8,11 @@ Contract
 --------
 * ``POST /_harnessrl/call`` — the original request body; the addon adds ``x-harnessrl-session`` (attributed
   session), ``x-harnessrl-path`` (original path and query) and ``x-harnessrl-call-id``. The answer is whatever the
-  :class:`~addon.generation.generate.Generator` writes, in the caller's wire format.
+  :class:`~addon.generation.generate.Generator` writes, in the caller's wire format. A front door in this process
+  (the capture addon, for the sessions of worker 0) does not send the body over the hop: it leaves it with
+  :meth:`InternalServer.hand_off` under the call id and sends an empty body with ``x-harnessrl-handoff: 1``
+  (mitmproxy already read the body; serialising it to loopback and parsing it again with aiohttp was per-call work
+  that grew with the context).
 * ``GET /_harnessrl/admin/sessions`` — sessions with their call counts; ``POST /_harnessrl/admin/sessions/{id}/close``
   flushes a session's records into shards and frees its prefix graph; ``GET /_harnessrl/admin/stats`` — calls/s,
   p50/p99 overhead, errors and the event loop's health (``loop``);
@@ -17,6 +21,8 @@ Contract
   allocator's in-use and free-held bytes, objects by type, the runtime's structures, tracemalloc's top lines when
   tracing; ``objects=0``: only RSS, the allocator and the structures, cheap enough to poll);
   ``POST /_harnessrl/admin/memory/trim`` — return the allocator's free memory to the system (RSS before/after).
+  With other processes (``peers``: generation workers, or the processes of a shared-port proxy) the admin routes
+  answer for all of them, except a request with ``x-harnessrl-local: 1`` (a peer asking), answered for this one.
 
 Listens on 127.0.0.1 only. Also usable directly as a base URL for benchmarks (it needs the same headers).
 
@@ -56,6 +62,7 @@ from addon.generation.stats import Stats
 from addon.serving import memory
 from addon.serving.admission import Admitted, Arrival, admit
 from addon.serving.routes import ModelCall
+from addon.serving.shared_port import HEADER_LOCAL
 from addon.serving.workers import merge_stats
 
 log = logging.getLogger("harnessrl.server")
@@ -64,7 +71,8 @@ CALL_PATH = "/_harnessrl/call"
 HEADER_SESSION = "x-harnessrl-session"
 HEADER_PATH = "x-harnessrl-path"
 HEADER_CALL_ID = "x-harnessrl-call-id"
-INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID)
+HEADER_HANDOFF = "x-harnessrl-handoff"  # the body waits in this process's memory, under the call id (hand_off)
+INTERNAL_HEADERS = (HEADER_SESSION, HEADER_PATH, HEADER_CALL_ID, HEADER_HANDOFF)
 LISTEN_BACKLOG = 4096  # Linux's default somaxconn caps it
 SHUTDOWN_GRACE_S = 5.0  # aiohttp's default (60 s) outlasted ProxyHandle.stop's 20 s, so the store never closed
 
@@ -199,6 +207,7 @@ class InternalServer:
         self.app.router.add_post("/_harnessrl/admin/memory/trim", self._trim)
         self._runner: web.AppRunner | None = None
         self._calls: set[asyncio.Task] = set()  # handlers of calls in flight, for a bounded shutdown
+        self._handoffs: dict[str, bytes] = {}  # call id -> body, left by a front door of this process (hand_off)
         self.loop_monitor = LoopMonitor()
         self.port = 0
 
@@ -233,6 +242,19 @@ class InternalServer:
         await self._runner.cleanup()
         self._runner = None
 
+    def hand_off(self, call_id: str, body: bytes) -> None:
+        """Leave ``body`` for the call ``call_id`` that a front door of this process is about to send here with
+        ``x-harnessrl-handoff: 1`` and no body; :meth:`drop_handoff` when that request never arrives."""
+        self._handoffs[call_id] = body
+
+    def drop_handoff(self, call_id: str) -> bool:
+        """Forget a body left by :meth:`hand_off` (its request failed before reaching this server)."""
+        return self._handoffs.pop(call_id, None) is not None
+
+    @property
+    def handoffs_waiting(self) -> int:
+        return len(self._handoffs)
+
     async def _call(self, request: web.Request) -> web.StreamResponse:
         # A front door admitted this call and says where it was going and whose it is (admission once more, with the
         # session from the front door's header and no size limit: the front door checked the size).
@@ -243,7 +265,15 @@ class InternalServer:
         if not isinstance(verdict, Admitted):
             return web.json_response({"error": f"not a model route: {original!r}"}, status=404)
         call_id = request.headers.get(HEADER_CALL_ID)
-        return await self.serve_model_call(request, verdict.call, verdict.session, headers, call_id)
+        body = None
+        if request.headers.get(HEADER_HANDOFF) == "1":
+            body = self._handoffs.pop(call_id or "", None)
+            if body is None:  # a front door's bug, never a client's doing: the header is stripped from clients
+                log.error("call %s came without its handed-off body", call_id)
+                return web.json_response({"error": {"message": "internal proxy error: body lost"}}, status=500)
+            if "content-length" in headers:  # the hop carried no body; the record keeps what the client sent
+                headers["content-length"] = str(len(body))
+        return await self.serve_model_call(request, verdict.call, verdict.session, headers, call_id, body)
 
     async def serve_model_call(
         self,
@@ -290,20 +320,27 @@ class InternalServer:
         assert sink.response is not None
         return sink.response
 
+    def _fanout(self, request: web.Request) -> Peers | None:
+        """The other processes an admin request reaches through this one: none when a peer asks (it fans out
+        itself; ``x-harnessrl-local: 1``), so shared-port proxies, which are each other's peers, never loop."""
+        return None if request.headers.get(HEADER_LOCAL) == "1" else self.peers
+
     async def _sessions(self, request: web.Request) -> web.Response:
+        peers = self._fanout(request)
         sessions = [
             {k: (sorted(v) if isinstance(v, set) else v) for k, v in asdict(s).items()}
             for s in self.sessions.snapshot()
         ]
-        if self.peers is not None:
-            for answer in await self.peers.admin("GET", "sessions"):
+        if peers is not None:
+            for answer in await peers.admin("GET", "sessions"):
                 sessions.extend(answer.get("sessions", []))
         return web.json_response({"sessions": sessions})
 
     async def _close(self, request: web.Request) -> web.Response:
+        peers = self._fanout(request)
         session = request.match_info["session"]
-        if self.peers is not None and (owner := self.peers.owner(session)):  # another worker's: its store flushes it
-            (answer,) = await self.peers.admin("POST", f"sessions/{quote(session, safe='')}/close", index=owner)
+        if peers is not None and (owner := peers.owner(session)):  # another worker's: its store flushes it
+            (answer,) = await peers.admin("POST", f"sessions/{quote(session, safe='')}/close", index=owner)
             return web.json_response(answer, status=503 if "error" in answer else 200)
         state = self.sessions.close(session)
         if self._flush_session is not None:
@@ -312,6 +349,7 @@ class InternalServer:
 
     async def _policy_version(self, request: web.Request) -> web.Response:
         """The trainer pushes the new weight version right after a sync, so no call is recorded with a stale one."""
+        peers = self._fanout(request)
         try:
             version = (await request.json())["version"]
             if not isinstance(version, int) or isinstance(version, bool):
@@ -320,34 +358,37 @@ class InternalServer:
             return web.json_response({"error": 'expected {"version": <int>}'}, status=400)
         if self._set_policy_version is not None:
             self._set_policy_version(version)
-        if self.peers is not None:
-            failed = [a for a in await self.peers.admin("POST", "policy_version", {"version": version}) if "error" in a]
+        if peers is not None:
+            failed = [a for a in await peers.admin("POST", "policy_version", {"version": version}) if "error" in a]
             if failed:
                 return web.json_response({"version": version, "workers_failed": failed}, status=503)
         return web.json_response({"version": version})
 
     async def _stats(self, request: web.Request) -> web.Response:
+        peers = self._fanout(request)
         own = self.stats.snapshot() | {"loop": self.loop_monitor.snapshot()}
-        if self.peers is None:
+        if peers is None:
             return web.json_response(own)
-        merged = merge_stats(own, await self.peers.admin("GET", "stats"))
-        return web.json_response(merged | {"worker_processes": self.peers.describe()})
+        merged = merge_stats(own, await peers.admin("GET", "stats"))
+        return web.json_response(merged | {"worker_processes": peers.describe()})
 
     async def _memory(self, request: web.Request) -> web.Response:
+        peers = self._fanout(request)
         try:
             top = int(request.query.get("top", "20"))
         except ValueError:
             return web.json_response({"error": "top must be an integer"}, status=400)
         walk = request.query.get("objects", "1") != "0"
         report = await asyncio.to_thread(memory.memory_report, self._memory_probes, max(1, min(top, 200)), walk)
-        if self.peers is not None:
-            report["workers"] = await self.peers.admin("GET", f"memory?top={top}&objects={int(walk)}")
+        if peers is not None:
+            report["workers"] = await peers.admin("GET", f"memory?top={top}&objects={int(walk)}")
         return web.json_response(report)
 
     async def _trim(self, request: web.Request) -> web.Response:
+        peers = self._fanout(request)
         report: dict[str, Any] = dict(await asyncio.to_thread(memory.trim))
-        if self.peers is not None:
-            report["workers"] = await self.peers.admin("POST", "memory/trim")
+        if peers is not None:
+            report["workers"] = await peers.admin("POST", "memory/trim")
         return web.json_response(report)
 
 
