@@ -26,7 +26,8 @@ that waited, and any arriving while the process shuts down, get the 503 at once,
 
 The hop to the internal server carries no body for the sessions this process answers (worker 0): mitmproxy already
 read it, so it waits in memory under the call id (:meth:`~addon.serving.server.InternalServer.hand_off`) and is
-dropped if the hop fails; calls of other generation workers carry their body over loopback.
+dropped if the hop fails; the flow gets its body back once the hop is over (answer headers or error), so what
+mitmproxy shows or saves is what the client sent. Calls of other processes' sessions carry their body over loopback.
 
 Header field lines: a retargeted call reaches the internal server with one field line per name
 (:func:`fold_field_lines`), because aiohttp's request parser refuses a repeated User-Agent, Content-Type... that
@@ -234,12 +235,13 @@ class Capture:
         req.headers[HEADER_CALL_ID] = call_id
         server = self.runtime.server if self.runtime is not None else None
         if server is not None and port == server.port:  # this process answers it: the body stays in memory
-            server.hand_off(call_id, req.raw_content or b"")
+            body, length = req.raw_content or b"", req.headers.get("content-length")
+            server.hand_off(call_id, body)
             req.raw_content = b""
-            if "content-length" in req.headers:
+            if length is not None:
                 req.headers["content-length"] = "0"
             req.headers[HEADER_HANDOFF] = "1"
-            flow.metadata["harnessrl_handoff"] = call_id
+            flow.metadata["harnessrl_handoff"] = (call_id, body, length)
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, CALL_PATH
         flow.metadata["harnessrl"] = admitted.session
 
@@ -252,9 +254,17 @@ class Capture:
         self._drop_handoff(flow)  # the hop may have failed before the server took the body
 
     def _drop_handoff(self, flow: http.HTTPFlow) -> None:
-        call_id = flow.metadata.pop("harnessrl_handoff", None)
-        if call_id and self.runtime is not None and self.runtime.server is not None:
+        """Forget a hand-off the server did not take, and give the flow its body back: the hop is over, and what
+        mitmproxy shows or saves of the flow (``-w``, mitmweb, ``flow_detail``) must be the request the client sent."""
+        handoff = flow.metadata.pop("harnessrl_handoff", None)
+        if handoff is None:
+            return
+        call_id, body, length = handoff
+        if self.runtime is not None and self.runtime.server is not None:
             self.runtime.server.drop_handoff(call_id)
+        flow.request.raw_content = body
+        if length is not None:
+            flow.request.headers["content-length"] = length
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         if self._intercepted(flow) and flow.websocket is not None:

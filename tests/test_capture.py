@@ -564,6 +564,14 @@ async def test_a_call_for_this_process_leaves_its_body_in_memory_and_a_failed_ho
         assert server.bodies == {call_id: ANTHROPIC_BODY}
         addon.error(flow)  # the hop failed (connection refused): nothing waits for a request that never comes
         assert server.bodies == {}
+        assert req.raw_content == ANTHROPIC_BODY  # the flow, as mitmproxy shows and saves it, has its body back
+        assert req.headers["content-length"] == str(len(ANTHROPIC_BODY))
+        answered = anthropic_flow()
+        await addon.request(answered)
+        server.bodies.clear()  # the server took it
+        answered.response = mhttp.Response.make(200, b"", {"content-type": "text/event-stream"})
+        addon.responseheaders(answered)
+        assert answered.request.raw_content == ANTHROPIC_BODY and answered.response.stream is True
         other = anthropic_flow((b"x-harnessrl-handoff", b"1"))  # a client cannot ask for a hand-off
         addon.runtime.server = None  # type: ignore[union-attr]  # a call of another process's session
         await addon.request(other)
