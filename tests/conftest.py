@@ -122,3 +122,20 @@ def proxy(tmp_path_factory: pytest.TempPathFactory, engine_url: str):
         yield p
     finally:
         stop_process(proc)
+
+
+def chat_through(proxy: ProxyHandle, session: str, turns: int = 2) -> None:
+    """``turns`` Chat Completions calls of ``session`` through ``proxy`` (HTTPS_PROXY, its CA) with the openai SDK
+    on a new connection, each call extending the conversation with the answer it got; raises what the SDK raises."""
+    import httpx
+    import openai
+
+    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
+    client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)
+    messages: list = [{"role": "user", "content": "Name three colours."}]
+    try:
+        for _ in range(turns):
+            answer = client.chat.completions.create(model="gpt-test", messages=messages, max_tokens=8)
+            messages += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
+    finally:
+        http.close()

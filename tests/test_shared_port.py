@@ -31,7 +31,7 @@ from addon.serving.config import OPTIONS, CaptureConfig
 from addon.serving.shared_port import StaticPeers, listen_shared, parse_ports
 from addon.serving.workers import worker_of
 from benchmarks import fake_engine
-from tests.conftest import wait_until
+from tests.conftest import chat_through, wait_until
 
 integration = pytest.mark.integration
 
@@ -159,18 +159,6 @@ def shared_proxy(tmp_path: Path, smollm2_tokenizer_dir: Path):
         engine.stop()
 
 
-def chat(proxy: launch.ProxyHandle, session: str, turns: int = 2) -> None:
-    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
-    client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)
-    messages: list = [{"role": "user", "content": "Name three colours."}]
-    try:
-        for _ in range(turns):
-            answer = client.chat.completions.create(model="gpt-test", messages=messages, max_tokens=8)
-            messages += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
-    finally:
-        http.close()
-
-
 def own_rows(folder: Path) -> list[dict]:
     shards = sorted(str(p) for p in folder.glob("shard-*.parquet"))  # this folder's own, not its subfolders'
     return [row for p in shards for row in pq.read_table(p).to_pylist()]
@@ -182,7 +170,7 @@ def test_two_processes_on_one_port_answer_and_record_every_call_once_by_its_owne
     assert first.port == second.port and first.ca == second.ca and first.admin_port != second.admin_port
     sessions = [f"p-{uuid.uuid4().hex[:10]}" for _ in range(16)]
     for s in sessions:
-        chat(first, s)  # a new connection per session: the kernel picks the process
+        chat_through(first, s)  # a new connection per session: the kernel picks the process
     connects = [h.log.read_text().count("client connect") for h in shared_proxy]
     assert all(connects) and sum(connects) >= 16, connects
     for s in sessions:  # through either admin port: the owner flushes
@@ -214,7 +202,7 @@ def test_when_one_process_dies_its_sessions_get_a_retryable_503_and_the_others_g
     os.killpg(second.process.pid, signal.SIGKILL)
     second.process.wait()
     wait_until(lambda: not first.admin("GET", "stats")["worker_processes"][1]["up"], 10, "the peer seen down")
-    chat(first, mine, turns=2)  # the survivor takes every connection now and answers its own sessions
+    chat_through(first, mine, turns=2)  # the survivor takes every connection now and answers its own sessions
     with pytest.raises(openai.APIStatusError) as refused:
-        chat(first, theirs, turns=1)
+        chat_through(first, theirs, turns=1)
     assert refused.value.status_code == 503 and refused.value.response.headers.get("retry-after")

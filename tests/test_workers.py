@@ -28,7 +28,7 @@ from addon.serving.config import OPTIONS, CaptureConfig
 from addon.serving.worker import worker_config
 from addon.serving.workers import merge_stats, worker_of, worker_records_dir
 from benchmarks import fake_engine
-from tests.conftest import wait_until
+from tests.conftest import chat_through, wait_until
 
 integration = pytest.mark.integration
 
@@ -93,16 +93,6 @@ def two_worker_proxy(tmp_path: Path, smollm2_tokenizer_dir: Path):
         engine.stop()
 
 
-def chat(proxy: launch.ProxyHandle, session: str, turns: int = 2) -> None:
-    http = httpx.Client(proxy=proxy.url(session), verify=proxy.ssl_context(), timeout=60)
-    client = openai.OpenAI(api_key="sk-test", http_client=http, max_retries=0)
-    messages: list = [{"role": "user", "content": "Name three colours."}]
-    for _ in range(turns):
-        answer = client.chat.completions.create(model="gpt-test", messages=messages, max_tokens=8)
-        messages += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
-    http.close()
-
-
 def records_by_folder(proxy: launch.ProxyHandle) -> dict[str, list[dict]]:
     folders: dict[str, list[dict]] = {}
     for folder in (proxy.records, proxy.records / "worker-1"):
@@ -116,7 +106,7 @@ def test_two_workers_answer_and_record_every_call_once_in_its_owners_folder(two_
     proxy = two_worker_proxy
     sessions = [f"w-{uuid.uuid4().hex[:10]}" for _ in range(16)]
     for s in sessions:
-        chat(proxy, s)
+        chat_through(proxy, s)
     for s in sessions:
         assert proxy.admin("POST", f"sessions/{s}/close")["flushed"]
     stats = proxy.admin("GET", "stats")
@@ -143,14 +133,14 @@ def test_a_killed_worker_is_started_again_and_loses_no_completed_call(two_worker
     proxy = two_worker_proxy
     owned = [s for s in (f"k-{i}-{uuid.uuid4().hex[:6]}" for i in range(40)) if worker_of(s, 2) == 1][:4]
     for s in owned:
-        chat(proxy, s, turns=1)
+        chat_through(proxy, s, turns=1)
     (before,) = proxy.admin("GET", "stats")["worker_processes"]
     os.kill(before["pid"], signal.SIGKILL)  # no chance to flush: the write-ahead log must carry the calls
     refused = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # retry as a harness would, on the vendor's retryable answer
         try:
-            chat(proxy, owned[0], turns=1)
+            chat_through(proxy, owned[0], turns=1)
             break
         except openai.APIStatusError as e:
             assert e.status_code in (502, 503), e

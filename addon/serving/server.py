@@ -62,8 +62,7 @@ from addon.generation.stats import Stats
 from addon.serving import memory
 from addon.serving.admission import Admitted, Arrival, admit
 from addon.serving.routes import ModelCall
-from addon.serving.shared_port import HEADER_LOCAL
-from addon.serving.workers import merge_stats
+from addon.serving.workers import HEADER_LOCAL, merge_stats
 
 log = logging.getLogger("harnessrl.server")
 

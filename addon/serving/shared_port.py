@@ -39,11 +39,10 @@ from typing import Any
 import httpx
 
 from addon.serving.aio import spawn
-from addon.serving.workers import worker_of
+from addon.serving.workers import ask_admin, worker_of
 
 log = logging.getLogger("harnessrl.shared_port")
 
-HEADER_LOCAL = "x-harnessrl-local"  # on an admin request: answer for this process only (no fan-out)
 LISTEN_BACKLOG = 4096
 PROBE_EVERY_S = 1.0
 PROBE_DOWN_EVERY_S = 0.2  # while a peer is down (or not up yet): its sessions wait for this to see it back
@@ -125,16 +124,10 @@ class StaticPeers:
         """``/_harnessrl/admin/<path>`` on peer ``index`` (relative; default: every other process), answered by it
         alone; a peer that cannot answer contributes ``{"worker": k, "error": ...}``."""
         targets = range(1, self.workers) if index is None else [index]
-        return list(await asyncio.gather(*(self._admin_one(self._absolute(i), method, path, body) for i in targets)))
-
-    async def _admin_one(self, k: int, method: str, path: str, body: Any) -> dict:
-        url = f"http://127.0.0.1:{self.ports[k]}/_harnessrl/admin/{path}"
-        try:
-            r = await self._client.request(method, url, json=body, headers={HEADER_LOCAL: "1"})
-            answer = r.json()
-        except (httpx.HTTPError, ValueError) as e:
-            return {"worker": k, "error": str(e) or type(e).__name__}
-        return {"worker": k, **answer} if isinstance(answer, dict) else {"worker": k}
+        absolute = [self._absolute(i) for i in targets]
+        return list(
+            await asyncio.gather(*(ask_admin(self._client, k, self.ports[k], method, path, body) for k in absolute))
+        )
 
 
 def parse_ports(text: str) -> tuple[int, ...]:

@@ -47,6 +47,7 @@ from addon.serving.aio import spawn
 log = logging.getLogger("harnessrl.workers")
 
 ROOT = Path(__file__).resolve().parents[2]
+HEADER_LOCAL = "x-harnessrl-local"  # on an admin request: answer for this process only (no fan-out to its peers)
 READY_PREFIX = "harnessrl-worker-port "  # the worker's first stdout line once its internal server listens
 START_TIMEOUT_S = 120.0
 RESTART_BACKOFF_S = 1.0
@@ -191,13 +192,20 @@ class WorkerPool:
     async def _admin_one(self, worker: _Worker, method: str, path: str, body: Any) -> dict:
         if worker.port is None:
             return {"worker": worker.index, "error": "starting"}
-        url = f"http://127.0.0.1:{worker.port}/_harnessrl/admin/{path}"
-        try:
-            r = await self._client.request(method, url, json=body)
-            answer = r.json()
-        except (httpx.HTTPError, ValueError) as e:
-            return {"worker": worker.index, "error": str(e) or type(e).__name__}
-        return {"worker": worker.index, **answer} if isinstance(answer, dict) else {"worker": worker.index}
+        return await ask_admin(self._client, worker.index, worker.port, method, path, body)
+
+
+async def ask_admin(client: httpx.AsyncClient, worker: int, port: int, method: str, path: str, body: Any) -> dict:
+    """``/_harnessrl/admin/<path>`` of the process ``worker`` on ``port``, answered for that process alone
+    (``x-harnessrl-local``), as ``{"worker": worker, **its JSON}``; ``{"worker": worker, "error": ...}`` when it
+    cannot answer."""
+    url = f"http://127.0.0.1:{port}/_harnessrl/admin/{path}"
+    try:
+        r = await client.request(method, url, json=body, headers={HEADER_LOCAL: "1"})
+        answer = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        return {"worker": worker, "error": str(e) or type(e).__name__}
+    return {"worker": worker, **answer} if isinstance(answer, dict) else {"worker": worker}
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
