@@ -3,9 +3,10 @@ context sizes, in the steady state of a tool loop (each call extends the previou
 
 Stages, in the order the addon runs them (addon/generation/generate.py): ``parse`` (body bytes -> canonical request, the
 format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/generation/splice.py),
-``engine_json`` (the prompt ids as the engine request's JSON list: formatted from the session's previous prompt where
-the tree has ``token_ids.json_list_extending``, else the whole list), ``record_ahead`` (the row's first half,
-addon/generation/recording.py ``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
+``engine_json`` (the engine request: the prompt ids as its JSON list, formatted from the session's previous prompt
+where the tree has ``token_ids.json_list_extending`` or ``JsonIds``, else the whole list; then the
+``GenerationRequest`` and its body), ``record_ahead`` (the row's first half, addon/generation/recording.py
+``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
 (adding the call's node), ``record_build`` (the rest of the row: ``build_record``, the whole row in older trees), and
 ``append`` (Arrow batch + WAL frame + fsync, addon/records/store.py). ``wal_fsync`` is the durable part of ``append``
 alone: the same frame written and fsynced to a WAL segment in the same folder. ``total`` is the CPU time of all
@@ -60,6 +61,7 @@ MODULES = {
     "side_by_side": "benchmarks.side_by_side",
     "converters": "converters",
     "token_ids": "addon.records.token_ids",
+    "protocol": "addon.engine.protocol",
     "base": "converters.base",
     "canonical": "converters.canonical",
 }
@@ -110,11 +112,14 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 t.append(time.perf_counter())
                 packed = m.token_ids.pack(plan.packed if plan.packed is not None else plan.prompt_ids)
                 t_json = time.perf_counter()
-                if hasattr(m.token_ids, "json_list_extending"):  # formatted from the session's previous prompt
-                    text = m.token_ids.json_list_extending(packed, engine_prompt.get(fmt))
-                    engine_prompt[fmt] = (packed, text)
-                else:  # older trees: the whole list, when the engine request's body is made
-                    m.token_ids.json_list(packed)
+                prompt_json: Any = None
+                if hasattr(m.token_ids, "JsonIds"):  # the ids and their list made together
+                    prompt_json = engine_prompt[fmt] = m.token_ids.JsonIds.extending(packed, engine_prompt.get(fmt))
+                elif hasattr(m.token_ids, "json_list_extending"):  # formatted from the session's previous prompt
+                    prompt_json = m.token_ids.json_list_extending(packed, engine_prompt.get(fmt))
+                    engine_prompt[fmt] = (packed, prompt_json)
+                gen = m.protocol.GenerationRequest(packed, 64, prompt_json=prompt_json)  # checks the list's ids
+                m.protocol.completion_body(gen, stream=True)  # older trees format the whole list here
                 times_json = time.perf_counter() - t_json
                 reply = s.Reply(
                     "Reading it.", (s.ToolCallSeen(f"call_{fmt}_{i}", "read_file", '{"path": "a.py"}'),), True

@@ -23,6 +23,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+import msgspec
+
+_SORTED_JSON = msgspec.json.Encoder(order="sorted")
+
+
+def json_hash(value: Any) -> int:
+    """A hash of a JSON-compatible value through its JSON text with sorted keys, so that ``1``, ``1.0`` and
+    ``true`` (equal to Python, not to JSON) hash apart. The mappings that hold JSON (tool schemas, provider state)
+    are not hashable themselves; a request's tools are hashed a few times per call (the records' encoding cache), and
+    msgspec writes a tool schema's text ~7x as fast as ``json.dumps(sort_keys=True)``. Values msgspec does not
+    encode (non-JSON types, mixed key types) hash through ``json.dumps`` as before."""
+    try:
+        return hash(_SORTED_JSON.encode(value))
+    except (TypeError, ValueError, OverflowError):
+        return hash(json.dumps(value, sort_keys=True, default=str))
+
+
 WireFormat: TypeAlias = Literal["chat", "responses", "anthropic", "gemini"]
 WIRE_FORMATS: tuple[WireFormat, ...] = ("chat", "responses", "anthropic", "gemini")
 
@@ -38,7 +55,7 @@ class ProviderState:
     data: Mapping[str, Any]
 
     def __hash__(self) -> int:  # Mapping is unhashable; hash its canonical JSON.
-        return hash((self.format, json.dumps(self.data, sort_keys=True, default=str)))
+        return hash((self.format, json_hash(self.data)))
 
 
 # --------------------------------------------------------------------------------------------------- content parts
@@ -152,7 +169,7 @@ class ToolSpec:
     provider_state: ProviderState | None = None
 
     def __hash__(self) -> int:
-        return hash((self.name, self.kind, json.dumps(self.parameters, sort_keys=True, default=str)))
+        return hash((self.name, self.kind, json_hash(self.parameters)))
 
 
 @dataclass(frozen=True)
@@ -206,7 +223,7 @@ class JsonSchemaFormat:
     type: Literal["json_schema"] = "json_schema"
 
     def __hash__(self) -> int:
-        return hash((self.name, json.dumps(self.schema, sort_keys=True, default=str)))
+        return hash((self.name, json_hash(self.schema)))
 
 
 OutputFormat: TypeAlias = TextFormat | JsonObjectFormat | JsonSchemaFormat

@@ -364,15 +364,17 @@ def test_the_request_body_is_the_payload_with_the_prompt_written_in_c(stream: bo
 
 def test_a_prompt_json_given_by_the_caller_is_used_and_checked_against_the_ids() -> None:
     """The generator formats the prompt off the event loop (from the session's previous prompt); the body then uses
-    that text as it is, and a text that cannot be these ids' list is refused when the request is made."""
+    that text as it is. The text comes typed with the ids it lists (token_ids.JsonIds): one for other ids, or a bare
+    string, is refused when the request is made."""
     packed = array("i", range(1000, 1300))
-    text = token_ids.json_list(packed)
-    req = GenerationRequest(packed, 8, prompt_json=text)
+    listed = token_ids.JsonIds.of(packed)
+    req = GenerationRequest(packed, 8, prompt_json=listed)
     assert json.loads(engine_client.completion_body(req, stream=True)) == completion_payload(req, stream=True)
     assert req == GenerationRequest(packed, 8)  # how it was formatted is not part of the request
-    for wrong in (token_ids.json_list(packed[:-1]), text[1:], text[:-1] + ",1]"):
+    assert GenerationRequest(array("i", packed), 8, prompt_json=listed).prompt_json is listed  # equal ids: accepted
+    for wrong in (token_ids.JsonIds.of(packed[:-1]), token_ids.JsonIds.of(array("i", [*packed[:-1], 7])), listed.text):
         with pytest.raises(ValueError, match="prompt_json"):
-            GenerationRequest(packed, 8, prompt_json=wrong)
+            GenerationRequest(packed, 8, prompt_json=wrong)  # type: ignore[arg-type]
 
 
 def test_a_prompt_that_is_not_token_ids_is_refused_when_the_request_is_made() -> None:

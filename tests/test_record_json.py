@@ -179,9 +179,28 @@ def test_lru_bound_keeps_recent_fragments_and_skips_huge_ones() -> None:
     misses = cache.misses
     assert cache.fragment(msgs[1]) == dumps_json(plain(msgs[1])) and cache.misses == misses + 1  # evicted long ago
     huge = Message("user", (TextPart("y" * 2_000),))  # over max_chars / 8: encoded, never cached
+    entries, misses = len(cache), cache.misses
     assert cache.fragment(huge) == dumps_json(plain(huge))
     assert cache.fragment(huge) == dumps_json(plain(huge))
-    assert huge not in cache._cache
+    assert len(cache) == entries and cache.misses == misses + 2
+
+
+class _CountedHashes(tuple):
+    hashes = 0
+
+    def __hash__(self) -> int:
+        type(self).hashes += 1
+        return super().__hash__()
+
+
+def test_a_value_is_hashed_once_per_fragment() -> None:
+    """A message or a tool hashes its whole content each time (no cached hash): a miss (lookup, insert) and a hit
+    (lookup, move to the end) hash it once each, not two or three times."""
+    cache = CanonicalJson()
+    value = _CountedHashes(("a", 1))
+    assert cache.fragment(value) == '["a",1]' and _CountedHashes.hashes == 1
+    assert cache.fragment(_CountedHashes(("a", 1))) == '["a",1]' and _CountedHashes.hashes == 2
+    assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)
 
 
 def test_unhashable_values_are_encoded_uncached() -> None:

@@ -98,3 +98,18 @@ def test_adopted_ids_are_held_without_a_copy() -> None:
     assert token_ids.pack(frozen) is built  # checked when made: handed out as it is
     with pytest.raises(TypeError, match="array"):
         token_ids.FrozenIds.adopt((1, 2, 3))  # type: ignore[arg-type]
+
+
+def test_json_ids_are_made_with_their_list_and_only_by_their_constructors() -> None:
+    head = token_ids.JsonIds.of([5, 6, 7])
+    assert (head.text, list(head.ids)) == ("[5,6,7]", [5, 6, 7])
+    longer = token_ids.JsonIds.extending(array("i", [5, 6, 7, 8]), head)
+    assert longer.text == "[5,6,7,8]" and longer.lists(array("i", [5, 6, 7, 8])) and not longer.lists(head.ids)
+    assert token_ids.JsonIds.extending(array("i", [1, 2]), head).text == "[1,2]"  # not a prefix: the whole list
+    assert token_ids.JsonIds.extending(array("i", [9]), None).text == "[9]"
+    with pytest.raises(TypeError, match="JsonIds.of or JsonIds.extending"):
+        token_ids.JsonIds()
+    with pytest.raises(TypeError, match="array"):
+        token_ids.JsonIds.extending([1, 2], None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="token ids"):
+        token_ids.JsonIds.of([1, -2])

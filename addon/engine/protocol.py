@@ -99,9 +99,9 @@ class GenerationRequest:
     # Streams only: vLLM sends the first token at once, then every ``stream_interval`` tokens (and the rest at the
     # end), so everything downstream handles one event per N tokens. vLLM clamps it up to its --stream-interval.
     stream_interval: int = 1
-    # ``json_list(prompt_ids)`` when the caller already has it (the generator builds it off the event loop, from the
-    # session's previous prompt: token_ids.json_list_extending); None: formatted here when the body is made
-    prompt_json: str | None = field(default=None, repr=False, compare=False)
+    # The prompt's JSON list when the caller already has it (the generator builds it off the event loop, from the
+    # session's previous prompt: token_ids.JsonIds.extending); None: formatted here when the body is made
+    prompt_json: token_ids.JsonIds | None = field(default=None, repr=False, compare=False)
     _packed: array[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,11 +110,9 @@ class GenerationRequest:
         # packed once, checked in C: a Python pass over 10^5 ids cost ~5 ms per call on the event loop
         object.__setattr__(self, "_packed", token_ids.pack(self.prompt_ids, "prompt_ids"))
         if self.prompt_json is not None and not (
-            self.prompt_json.startswith("[")
-            and self.prompt_json.endswith("]")
-            and self.prompt_json.count(",") == len(self._packed) - 1
+            isinstance(self.prompt_json, token_ids.JsonIds) and self.prompt_json.lists(self._packed)
         ):
-            raise ValueError("prompt_json must be the JSON list of prompt_ids (token_ids.json_list)")
+            raise ValueError("prompt_json must be a token_ids.JsonIds of prompt_ids")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.stream_interval < 1:
@@ -281,7 +279,7 @@ def completion_body(req: GenerationRequest, stream: bool) -> bytes:
     (``json.dumps`` of 10^5 ints was the largest single cost of a call on the event loop)."""
     payload = completion_payload(req, stream, with_prompt=False)
     rest = json.dumps(payload, separators=(",", ":"))
-    prompt = req.prompt_json if req.prompt_json is not None else token_ids.json_list(req._packed)
+    prompt = req.prompt_json.text if req.prompt_json is not None else token_ids.json_list(req._packed)
     return ('{"prompt":' + prompt + "," + rest[1:]).encode()
 
 

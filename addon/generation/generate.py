@@ -156,7 +156,7 @@ class Generator:
 
     def _parse_and_plan(
         self, dialect: Dialect, body: bytes, info: CallInfo, state: SessionState
-    ) -> tuple[ModelRequest, tuple[SplicePlan, str | None] | ConversionError]:
+    ) -> tuple[ModelRequest, tuple[SplicePlan, token_ids.JsonIds | None] | ConversionError]:
         """In a worker thread: the canonical request (a ConversionError here is a bad request, raised), then its
         splice plan and engine prompt text, or the ConversionError that refused the plan (raised later, once the
         call is counted in its session, so it is recorded as a call)."""
@@ -172,7 +172,7 @@ class Generator:
         dialect: Dialect,
         sink: ResponseSink,
         t0: float,
-        planned: tuple[SplicePlan, str | None] | ConversionError,
+        planned: tuple[SplicePlan, token_ids.JsonIds | None] | ConversionError,
     ) -> None:
         request = turn.request
         # the version of the engine this call would go to; replaced by the routed engine's once it answers
@@ -361,16 +361,15 @@ class Generator:
 
 def _plan_locked(
     state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool
-) -> tuple[SplicePlan, str | None]:
+) -> tuple[SplicePlan, token_ids.JsonIds | None]:
     """The splice plan, and the prompt as the engine's JSON list, formatted here (a worker thread, not the event
     loop) from the session's previous prompt: only the new ids (None when the plan's ids are not packed)."""
     with state.lock:
         plan = splice_plan(state, request, splicer, auxiliary=auxiliary)
         if plan.packed is None or not len(plan.packed):
             return plan, None
-        text = token_ids.json_list_extending(plan.packed, state.engine_prompt)
-        state.engine_prompt = (plan.packed, text)
-        return plan, text
+        state.engine_prompt = token_ids.JsonIds.extending(plan.packed, state.engine_prompt)
+        return plan, state.engine_prompt
 
 
 def _record_locked(state: SessionState, turn: Turn, completion: Completion, finish: Any) -> None:

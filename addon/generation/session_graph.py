@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from addon.generation.lineage import Context, SplicePlan
+from addon.records import token_ids
 
 if TYPE_CHECKING:
     from converters.canonical import FinishReason, Message
@@ -69,8 +70,8 @@ class SessionState:
     _ids: dict[str, array[int]] = field(default_factory=dict, repr=False)  # nodes not extended yet, packed
     _extended_by: dict[str, str] = field(default_factory=dict, repr=False)  # node -> a child that extends it
     # The last prompt sent to the engine and its JSON list, so the next call formats only its new ids
-    # (token_ids.json_list_extending): ~6 bytes of text per id, dropped with the graph.
-    engine_prompt: tuple[array[int], str] | None = field(default=None, repr=False)
+    # (token_ids.JsonIds.extending): ~6 bytes of text per id, dropped with the graph.
+    engine_prompt: token_ids.JsonIds | None = field(default=None, repr=False)
 
     def node(self, call_id: str) -> CallNode | None:
         return next((n for n in reversed(self.nodes) if n.call_id == call_id), None)

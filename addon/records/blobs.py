@@ -137,7 +137,7 @@ class CanonicalJson:
         if max_chars < 1:
             raise ValueError(f"CanonicalJson max_chars must be at least 1, got {max_chars}")
         self.max_chars = max_chars
-        self._cache: OrderedDict[Hashable, str] = OrderedDict()
+        self._cache: OrderedDict[_Hashed, str] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -161,8 +161,7 @@ class CanonicalJson:
     def fragment(self, value: Any) -> str:
         """``dumps_json(plain(value))``, from the cache when an equal value was encoded before."""
         try:
-            key = _key(value)
-            hash(key)
+            key = _Hashed(_key(value))
         except TypeError:  # an unhashable value (a list somewhere inside): encode it, do not cache it
             return _JSON.encode(plain(value))
         with self._lock:
@@ -188,6 +187,24 @@ class CanonicalJson:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+class _Hashed:
+    """A cache key whose hash is computed once: a lookup, a hit's move to the end and a miss's insert each hash the
+    key, and a message or a tool hashes its whole content every time (Python caches no hash of a tuple or a
+    dataclass)."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: Hashable) -> None:
+        self.value = value
+        self.hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self.hash == other.hash and self.value == other.value
 
 
 def _key(value: Any) -> Hashable:

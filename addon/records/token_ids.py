@@ -12,6 +12,8 @@ proxy's one event loop. These helpers do the per-id work in C:
   (about 5x faster than ``json.dumps`` of a list at 128k ids);
 * :func:`json_list_extending` — the same text, formatting only the ids after an earlier list that is a prefix of
   these (a session's next prompt extends its last one): the cost follows the new suffix, not the context;
+* :class:`JsonIds` — packed ids and their JSON list, made together (:meth:`JsonIds.of`, :meth:`JsonIds.extending`),
+  so whoever sends the text knows which ids it lists without reading it again;
 * :class:`FrozenIds` — an immutable sequence of ids over one packed array: what a splice plan and a record hold
   for a prompt that arrived packed, instead of a tuple of 10^5 Python ints (3-3.5 ms to build at 131k ids, and 8
   bytes a pointer plus an int object per id, against 4 bytes an id).
@@ -83,7 +85,49 @@ def json_list_extending(ids: array[int], earlier: tuple[array[int], str] | None)
     return text[:-1] + "," + json_list(ids[n:])[1:]
 
 
-__all__ = ["INT32_MAX", "arrow", "json_list", "json_list_extending", "pack"]
+class JsonIds:
+    """Packed ids and :func:`json_list` of them, made together by :meth:`of` or :meth:`extending` (the only ways
+    to make one), so that the text is known to list exactly ``ids``: a request that carries one checks that its
+    ids are these (the same array, or an equal one: a C-level compare) instead of reading the text again (counting
+    the commas of a 131k-id list cost ~0.6 ms per call on the event loop)."""
+
+    __slots__ = ("ids", "text")
+    ids: array[int]
+    text: str
+
+    def __init__(self) -> None:
+        raise TypeError("JsonIds are made by JsonIds.of or JsonIds.extending")
+
+    @classmethod
+    def _made(cls, ids: array[int], text: str) -> JsonIds:
+        made = cls.__new__(cls)
+        made.ids, made.text = ids, text
+        return made
+
+    @classmethod
+    def of(cls, ids: Sequence[int]) -> JsonIds:
+        """``ids`` packed (checked as :func:`pack` checks) with their JSON list."""
+        packed = pack(ids)
+        return cls._made(packed, json_list(packed))
+
+    @classmethod
+    def extending(cls, ids: array[int], earlier: JsonIds | None) -> JsonIds:
+        """``ids`` (packed, read-only from now on) with their JSON list, formatted from ``earlier``'s when its ids
+        are a prefix of these (:func:`json_list_extending`)."""
+        if not (isinstance(ids, array) and ids.typecode == "i"):
+            raise TypeError(f"JsonIds.extending takes an array('i'), got {type(ids).__name__}")
+        prior = (earlier.ids, earlier.text) if earlier is not None else None
+        return cls._made(ids, json_list_extending(ids, prior))
+
+    def lists(self, packed: array[int]) -> bool:
+        """Whether this text is the JSON list of ``packed``."""
+        return self.ids is packed or self.ids == packed
+
+    def __repr__(self) -> str:
+        return f"JsonIds({len(self.ids)} ids, {len(self.text)} chars)"
+
+
+__all__ = ["INT32_MAX", "JsonIds", "arrow", "json_list", "json_list_extending", "pack"]
 
 
 class FrozenIds(Sequence[int]):
