@@ -36,7 +36,7 @@ def json_hash(value: Any) -> int:
     encode (non-JSON types, mixed key types) hash through ``json.dumps`` as before."""
     try:
         return hash(_SORTED_JSON.encode(value))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):  # EncodeError is none of the others
         return hash(json.dumps(value, sort_keys=True, default=str))
 
 
