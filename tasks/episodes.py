@@ -82,8 +82,8 @@ def call_stats(records: Sequence[CallRecord]) -> CallStats:
     stops = [r.budget_stop for r in ordered if r.budget_stop is not None]
     return CallStats(
         calls=len(ordered),
-        sampled_calls=sum(1 for r in ordered if r.error is None and r.budget_stop is None),
-        error_calls=sum(1 for r in ordered if r.error is not None),
+        sampled_calls=sum(1 for r in ordered if r.sampled),
+        error_calls=sum(1 for r in ordered if r.error is not None and not r.sampled),
         tool_call_count=sum(len(r.tool_call_names) for r in ordered),
         tool_call_names=tuple(name for r in ordered for name in r.tool_call_names),
         prompt_tokens=sum(len(r.tokens.prompt_ids) for r in ordered),

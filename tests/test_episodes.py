@@ -66,6 +66,14 @@ def test_call_stats_counts_tools_tokens_splices_forks_and_budget_stop() -> None:
     assert stats.session_grade in ("ok", "warn")
 
 
+def test_call_stats_counts_a_malformed_tool_call_as_sampled_not_as_an_error() -> None:
+    root, child = sorted(chain(), key=lambda r: r.call_index)[:2]
+    stats = call_stats([root, replace(child, error="malformed_tool_calls=1")])
+    assert (stats.calls, stats.sampled_calls, stats.error_calls) == (2, 2, 0)
+    stats = call_stats([root, replace(child, error="engine_error", incomplete=True)])
+    assert (stats.calls, stats.sampled_calls, stats.error_calls) == (2, 1, 1)
+
+
 def test_call_stats_of_no_records_is_empty() -> None:
     assert call_stats([]) == CallStats()
 

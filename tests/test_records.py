@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from addon.records import token_ids
 from addon.records.blobs import unpack_json
 from addon.records.schema import (
+    MALFORMED_TOOL_CALLS,
     RUN_ID_KEY,
     SCHEMA,
     SCHEMA_VERSION,
@@ -116,6 +117,24 @@ def test_call_record_rejects_done_before_first_token() -> None:
     assert rec.first_token_at is not None
     with pytest.raises(ValueError, match="first_token_at .* is after done_at"):
         replace(rec, done_at=rec.first_token_at - timedelta(microseconds=1))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "sampled"),
+    [
+        ({}, True),
+        ({"error": f"{MALFORMED_TOOL_CALLS}2"}, True),  # the model's unreadable tool call went on as text
+        ({"error": "client_disconnected", "incomplete": True}, False),
+        ({"error": "engine_error"}, False),
+        ({"incomplete": True}, False),
+        ({"budget_stop": "max_calls=3", "error": "budget"}, False),
+    ],
+)
+def test_a_call_is_sampled_when_it_ran_to_its_end_malformed_tool_calls_included(
+    overrides: dict[str, Any], sampled: bool
+) -> None:
+    base = {"error": None, "incomplete": False, "budget_stop": None}
+    assert make_record(1, **(base | overrides)).sampled is sampled
 
 
 def test_unserialisable_mapping_is_a_value_error() -> None:

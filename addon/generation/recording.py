@@ -25,7 +25,7 @@ from typing import Any
 
 from addon.generation.lineage import SplicePlan
 from addon.records.blobs import CanonicalJson, dumps_json, pack_json_text, plain
-from addon.records.schema import CallRecord, TurnTokens
+from addon.records.schema import MALFORMED_TOOL_CALLS, CallRecord, TurnTokens
 from converters.accumulate import Accumulator
 from converters.base import Route
 from converters.canonical import Completion, JsonObjectFormat, JsonSchemaFormat, ModelRequest
@@ -134,7 +134,7 @@ def build_record(
         sampling_applied=turn.applied,
         request_canonical=pre.request_canonical,
         completion_canonical=pack_json_text(dumps_json(plain(completion))) if completion else None,
-        error=turn.error or (f"malformed_tool_calls={turn.malformed}" if turn.malformed else None),
+        error=turn.error or (f"{MALFORMED_TOOL_CALLS}{turn.malformed}" if turn.malformed else None),
         budget_stop=budget_stop,
         incomplete=turn.incomplete,
         identity_hints=pre.identity_hints,

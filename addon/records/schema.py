@@ -88,6 +88,9 @@ SCHEMA: Final = pa.schema(
 )
 
 _INT32_MAX = 2**31 - 1
+# ``error`` of a call sampled to its end whose output held tool-call markup the parser could not read: the text went
+# to the harness as text and the ids are trained on like any other answer, so it is a sampled call, not a failed one
+MALFORMED_TOOL_CALLS: Final = "malformed_tool_calls="
 # The token columns are built over array('i') / array('f') buffers, read as int32 / float32.
 if array("i").itemsize != 4 or array("f").itemsize != 4:
     raise ImportError("addon.records.schema needs a platform whose C int and float are 4 bytes")
@@ -221,6 +224,14 @@ class CallRecord:
             )
         if self.engine_wait_ms is not None and not 0 <= self.engine_wait_ms <= _INT32_MAX:
             raise ValueError(f"engine_wait_ms must be in [0, 2**31); got {self.engine_wait_ms}")
+
+    @property
+    def sampled(self) -> bool:
+        """The engine sampled this call to its end: no budget stop, not cut short, no error other than a malformed
+        tool call (:data:`MALFORMED_TOOL_CALLS`, which is the model's output, not a failure of the call)."""
+        if self.budget_stop is not None or self.incomplete:
+            return False
+        return self.error is None or self.error.startswith(MALFORMED_TOOL_CALLS)
 
     def _check_times(self) -> None:
         stamps = [("received_at", self.received_at), ("first_token_at", self.first_token_at)]
