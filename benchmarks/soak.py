@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 from addon import launch  # noqa: E402
 from benchmarks import fake_engine, tree  # noqa: E402
 from benchmarks.fake_engine import accept_queue  # noqa: E402
-from benchmarks.replayer import Proxied, Verdict, recover, replay, summary, verify  # noqa: E402
+from benchmarks.replayer import BaseUrl, Proxied, Verdict, recover, replay, summary, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, make_script  # noqa: E402
 
 
@@ -170,6 +170,7 @@ def soak(
     scale: float = 1.0,
     tracemalloc_frames: int = 0,
     options: tuple[str, ...] = (),
+    base_url: bool = False,
 ) -> SoakResult:
     engine = fake_engine.spawn(model_dir, launch.free_port(), token_rate=token_rate, tokens=tokens)
     try:
@@ -182,7 +183,7 @@ def soak(
         def make(i: int) -> SessionScript:
             return make_script(seed, i, FORMATS[i % 4], scale=scale)
 
-        target = Proxied((proxy,))
+        target = BaseUrl((proxy,)) if base_url else Proxied((proxy,))
         try:
             log = asyncio.run(replay(target, concurrency=sessions, make=make, duration_s=seconds, close_sessions=True))
         finally:
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace the proxy's allocations (slows it)"
     )
+    ap.add_argument("--base-url", action="store_true", help="the sessions take the proxy's base URL, not mitmproxy")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="harnessrl-soak-") as tmp:
@@ -249,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             scale=args.scale,
             tracemalloc_frames=args.tracemalloc,
             options=tuple(args.set),
+            base_url=args.base_url,
         )
     text = json.dumps(asdict(result) | {"ok": result.ok}, indent=1, default=str)
     print(text)
