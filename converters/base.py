@@ -181,11 +181,23 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+_encode_event = msgspec.json.Encoder().encode
+
+
+def dumps_event(obj: Any) -> bytes:
+    """A stream event's JSON as UTF-8 bytes, compact, non-ASCII kept (as :func:`dumps`). msgspec, not ``json``: the
+    encoders run once per engine read of every call, and a typical event encodes ~6x as fast. Its text equals
+    :func:`dumps`'s for strings, ints, bools and null (all an event holds); a float is written in msgspec's shortest
+    form (``1e-05`` becomes ``0.00001``, the same value) and a NaN as ``null`` (valid JSON, where ``json`` writes
+    ``NaN``). Argument texts keep :func:`dumps`: their exact text is rendered into prompts."""
+    return _encode_event(obj)
+
+
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent event. ``data`` is JSON-encoded unless it is already a string."""
-    payload = data if isinstance(data, str) else dumps(data)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    payload = data.encode() if isinstance(data, str) else _encode_event(data)
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + payload + b"\n\n"
 
 
 def expect(obj: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str, required: bool = False) -> Any:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, assert_never
 
-from converters.base import StreamEncoder, dumps, sse
+from converters.base import StreamEncoder, dumps, dumps_event, sse
 from converters.canonical import (
     ERROR_STATUS,
     Completion,
@@ -306,5 +306,5 @@ def _array_items(objects: list[dict[str, Any]], sent_before: int) -> bytes:
     out = b""
     for i, obj in enumerate(objects):
         separator = b",\r\n" if sent_before + i > 0 else b""
-        out += separator + dumps(obj).encode()
+        out += separator + dumps_event(obj)
     return out

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from converters.base import load_json_object
+from converters.base import dumps, dumps_event, load_json_object, sse
 from converters.canonical import ConversionError
 
 
@@ -98,3 +98,24 @@ def test_arbitrary_bodies_are_accepted_or_refused_as_the_standard_library_would(
 )  # fmt: skip
 def test_edge_cases_decode_as_the_standard_library_decodes_them(body: bytes) -> None:
     assert ours(body) == stdlib_only(body) != "refused"
+
+
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)))  # what a str from the tokenizer can hold
+EVENT = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(TEXT, EVENT, max_size=5))
+def test_a_stream_event_is_written_as_dumps_writes_it(obj: dict) -> None:
+    """What a stream event holds (strings, ints, bools, null) comes out byte for byte as ``dumps`` writes it."""
+    assert dumps_event(obj) == dumps(obj).encode()
+    assert sse(obj, event="e") == b"event: e\ndata: " + dumps(obj).encode() + b"\n\n"
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=8))
+def test_an_event_float_keeps_its_value(values: list[float]) -> None:
+    assert json.loads(dumps_event({"v": values})) == {"v": values}
+    assert dumps_event({"v": float("nan")}) == b'{"v":null}'  # valid JSON, where json.dumps writes NaN

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from addon.records import token_ids
 
-IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=300)
+IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=2 * token_ids.SMALL)  # both sides of the small path
 
 
 @given(IDS)
@@ -37,6 +37,7 @@ def test_a_packed_array_is_used_as_it_is_and_viewed_without_a_copy() -> None:
     [
         ([1, -2, 3], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got -2\.\.3"),
         (array("i", [4, -1]), r"got -1\.\.4"),
+        (array("i", [7] * token_ids.SMALL + [-3]), r"got -3\.\.7"),  # past the small path: Arrow's min and max
         ([2**31], r"got \[2147483648\]"),
         ([1, "2"], r"got \['2'\]"),
         ([True, 0.5], r"got \[0\.5\]"),

@@ -256,6 +256,7 @@ def _dumps(value: Mapping[str, Any], what: str) -> str:
 
 
 _TOKEN_COLUMNS: Final = ("prompt_ids", "completion_ids", "completion_logprobs")
+_SCALARS: Final = pa.struct([f for f in SCHEMA if f.name not in _TOKEN_COLUMNS])  # every other column, as one struct
 
 
 def to_row(record: CallRecord) -> dict[str, Any]:
@@ -313,16 +314,18 @@ def to_batch(records: Sequence[CallRecord]) -> pa.RecordBatch:
     The token columns are assembled from the arrays :class:`TurnTokens` packed (offsets + values, no per-id
     Python work); the other columns go through ``pa.array`` as values.
     """
-    rows = [_scalar_row(r) for r in records]
     packed = [r.tokens.arrow() for r in records]
-    columns: list[pa.Array] = []
     try:
+        # the other columns as one struct array: one conversion call, ~4x faster than a pa.array per column (about
+        # 150 -> 40 us for one record, and the store converts one record per call)
+        scalars = pa.array([_scalar_row(r) for r in records], type=_SCALARS).flatten()
+        columns: list[pa.Array] = []
         for f in SCHEMA:
             if f.name in _TOKEN_COLUMNS:
                 parts = [p[_TOKEN_COLUMNS.index(f.name)] for p in packed]
                 columns.append(_list_column(parts, f.type))
             else:
-                columns.append(pa.array([row[f.name] for row in rows], type=f.type))
+                columns.append(scalars[_SCALARS.get_field_index(f.name)])
         return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise ValueError(f"record does not fit the schema: {e}") from e
