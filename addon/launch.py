@@ -30,6 +30,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -42,9 +43,27 @@ MITMDUMP = Path(sys.executable).parent / "mitmdump"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
+    """``n`` distinct free loopback ports, none of them in ``taken``. The sockets are held open together while the
+    ports are picked: one at a time, the kernel may hand out the same port twice (CI saw a proxy whose admin port
+    was its own listening port)."""
+    held: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+        return ports
+    finally:
+        for s in held:
+            s.close()
 
 
 @dataclass(frozen=True)
@@ -133,17 +152,16 @@ def start_shared(config: ProxyConfig, procs: int) -> list[ProxyHandle]:
     """``procs`` proxies behind one port (see the module docstring); all or none: a failure stops those started."""
     if procs < 1:
         raise ValueError(f"procs must be >= 1, got {procs}")
-    port = config.port or free_port()
-    internal = [config.admin_port or free_port()]
-    while len(internal) < procs:
-        if (p := free_port()) not in internal:
-            internal.append(p)
+    given = [p for p in (config.port, config.admin_port) if p]
+    picked = iter(free_ports(2 * procs + 1, taken=given))  # public, internal and private ports, all distinct
+    port = config.port or next(picked)
+    internal = [config.admin_port or next(picked)] + [next(picked) for _ in range(procs - 1)]
     records = config.records_dir or config.workdir / "records"
     sharing = (f"harnessrl_shared_port={port}", f"harnessrl_peer_ports={','.join(map(str, internal))}")
     configs = [
         replace(
             config,
-            port=free_port(),  # mitmproxy's own listener: private; clients use the shared port
+            port=next(picked),  # mitmproxy's own listener: private; clients use the shared port
             admin_port=internal[k],
             records_dir=worker_records_dir(records, k),
             options=(*config.options, *sharing),
@@ -168,7 +186,8 @@ def start_shared(config: ProxyConfig, procs: int) -> list[ProxyHandle]:
 
 def _spawn(config: ProxyConfig, log_name: str = "mitmdump.log", public_port: int | None = None) -> ProxyHandle:
     config.workdir.mkdir(parents=True, exist_ok=True)
-    port, admin = config.port or free_port(), config.admin_port or free_port()
+    picked = iter(free_ports(2, taken=[p for p in (config.port, config.admin_port) if p]))
+    port, admin = config.port or next(picked), config.admin_port or next(picked)
     records = config.records_dir or config.workdir / "records"
     log = config.workdir / log_name
     with log.open("ab") as out:

@@ -206,3 +206,12 @@ def test_when_one_process_dies_its_sessions_get_a_retryable_503_and_the_others_g
     with pytest.raises(openai.APIStatusError) as refused:
         chat_through(first, theirs, turns=1)
     assert refused.value.status_code == 503 and refused.value.response.headers.get("retry-after")
+
+
+def test_free_ports_are_distinct_and_avoid_the_taken_ones() -> None:
+    """Ports for a proxy are picked together (one at a time the kernel may give the same port twice: CI saw a proxy
+    whose admin port was its own listening port)."""
+    taken = launch.free_ports(3)
+    for _ in range(50):
+        ports = launch.free_ports(9, taken=taken)
+        assert len(set(ports)) == 9 and not set(ports) & set(taken)
