@@ -186,7 +186,8 @@ def start_shared(config: ProxyConfig, procs: int) -> list[ProxyHandle]:
 
 def _spawn(config: ProxyConfig, log_name: str = "mitmdump.log", public_port: int | None = None) -> ProxyHandle:
     config.workdir.mkdir(parents=True, exist_ok=True)
-    picked = iter(free_ports(2, taken=[p for p in (config.port, config.admin_port) if p]))
+    given = [p for p in (config.port, config.admin_port) if p]
+    picked = iter(free_ports(2 - len(given), taken=given))
     port, admin = config.port or next(picked), config.admin_port or next(picked)
     records = config.records_dir or config.workdir / "records"
     log = config.workdir / log_name

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from addon import launch
-from addon.records.schema import MALFORMED_TOOL_CALLS, read_records
+from addon.records.schema import from_row, read_records
 from tasks.harnesses import HARNESSES, HarnessRun, HarnessSpec, install, run_executable, run_harness
 from tasks.harnesses.aider import Aider
 from tasks.harnesses.base import SYSTEM_CA_BUNDLE
@@ -186,11 +186,8 @@ def check_row(row: Mapping, output: str) -> None:
 
 
 def sampled(row: Mapping) -> bool:
-    """``CallRecord.sampled`` over a row read back as a dict."""
-    error = row["error"]
-    if row["budget_stop"] is not None or row["incomplete"]:
-        return False
-    return error is None or error.startswith(MALFORMED_TOOL_CALLS)
+    """``CallRecord.sampled`` of a row read back as a dict."""
+    return from_row(row).sampled
 
 
 def check_turns(rows: list[dict], output: str) -> None:
