@@ -22,8 +22,11 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon.engine import client as engine_client
+from addon.engine import protocol
 from addon.engine.client import (
     MISSING_LOGPROB,
     BadRequest,
@@ -464,3 +467,74 @@ async def test_a_connect_timeout_is_named_as_such() -> None:
         async with EngineClient(f"http://127.0.0.1:{port}", timeouts=ClientTimeouts(connect=0.3)) as client:
             with pytest.raises(EngineConnectTimeout, match=r"no connection within 0.3 s"):
                 await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=2))
+
+
+# --- the typed decode of stream events agrees with the generic one -----------------------------------------------
+
+_anything = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=4)
+_ids = st.lists(st.integers(-(2**70), 2**70) | st.integers(0, 50_000), max_size=4) | _anything
+_lps = st.lists(st.none() | st.floats() | st.integers(-5, 0), max_size=4) | _anything
+_choice = st.fixed_dictionaries(
+    {},
+    optional={
+        "index": st.integers(0, 1),
+        "text": st.text(max_size=6) | _anything,
+        "token_ids": _ids,
+        "logprobs": st.fixed_dictionaries({}, optional={"token_logprobs": _lps, "tokens": st.lists(st.text())})
+        | _anything,
+        "finish_reason": st.sampled_from(["stop", "length", "abort", "tool_calls", None]) | _anything,
+        "stop_reason": _anything,
+        "prompt_token_ids": st.none(),
+    },
+)
+_usage = st.fixed_dictionaries({"prompt_tokens": _anything, "completion_tokens": _anything}) | _anything
+_event = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.text(max_size=4),
+        "choices": st.lists(_choice, max_size=2) | _anything,
+        "usage": _usage,
+        "error": st.none() | st.fixed_dictionaries({"message": st.text(max_size=8), "code": _anything}),
+    },
+)
+
+
+def _outcome(f: Callable[[bytes], Any], data: bytes) -> str:
+    try:
+        return repr(f(data))
+    except EngineError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(event=_event)
+def test_the_typed_stream_event_decode_gives_what_the_generic_parse_gives(event: dict[str, Any]) -> None:
+    data = json.dumps(event).encode()  # NaN / Infinity literals included: the typed decoder refuses them
+    assert _outcome(protocol.stream_event_chunks, data) == _outcome(protocol._checked_event_chunks, data)
+
+
+def test_a_vllm_stream_event_decodes_on_the_typed_path() -> None:
+    event = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": " hi",
+                "logprobs": {"text_offset": [3], "token_logprobs": [None], "tokens": [" hi"], "top_logprobs": [{}]},
+                "finish_reason": "stop",
+                "stop_reason": 2,
+                "token_ids": [42],
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+    (chunk, usage) = protocol.stream_event_chunks(json.dumps(event))
+    assert (chunk.token_ids, chunk.text, chunk.finish_reason, chunk.stop_reason) == ((42,), " hi", "stop", 2)
+    assert chunk.logprobs[0] is MISSING_LOGPROB
+    assert usage == GenerationChunk((), (), "", usage=EngineUsage(3, 1))
+    assert protocol._decode_event(json.dumps(event)).choices  # the fast path read it (no fallback needed)

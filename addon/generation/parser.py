@@ -135,7 +135,7 @@ def step(state: ParserState, delta: str, config: ParserConfig) -> tuple[ParserSt
     """Consume one text delta. Pure: returns the new state and the events the delta completed."""
     if state.mode == "done":
         raise ValueError("feed() after finish()")
-    state = replace(state, buffer=state.buffer + delta)
+    state = _rebuffered(state, state.buffer + delta, state.at_boundary)
     events: list[StreamEvent] = []
     while True:
         state, progressed = _advance(state, config, events)
@@ -188,7 +188,20 @@ def _advance(state: ParserState, config: ParserConfig, events: list[StreamEvent]
     keep = _held_back(buffer, tags)
     out = buffer[: len(buffer) - keep]
     _emit_span(state.mode, out, events)
-    return replace(state, buffer=buffer[len(out) :], at_boundary=state.at_boundary and not out), False
+    return _rebuffered(state, buffer[len(out) :], state.at_boundary and not out), False
+
+
+def _rebuffered(state: ParserState, buffer: str, at_boundary: bool) -> ParserState:
+    """``state`` with a new buffer: the two moves every text delta makes. A direct construction, as
+    ``dataclasses.replace`` (which walks the fields) costs about twice as much, twice per sampled token."""
+    return ParserState(
+        mode=state.mode,
+        buffer=buffer,
+        at_boundary=at_boundary,
+        scanned=state.scanned,
+        calls=state.calls,
+        malformed=state.malformed,
+    )
 
 
 def _emit_span(mode: Mode, text: str, events: list[StreamEvent]) -> None:
@@ -207,7 +220,11 @@ def _first_tag(buffer: str, tags: tuple[str, ...]) -> tuple[int, str] | None:
 
 def _held_back(buffer: str, tags: tuple[str, ...]) -> int:
     """How many trailing characters to hold: a possible partial tag and the whitespace before it or at the end."""
-    partial = max((k for t in tags for k in range(1, len(t)) if buffer.endswith(t[:k])), default=0)
+    partial = 0
+    # a partial tag at the end starts with the tag's first character: where none is there (most deltas), skip the
+    # suffix comparisons (~4 us of the ~10 us this parser spent per token)
+    if any(t[0] in buffer[1 - len(t) :] for t in tags):
+        partial = max((k for t in tags for k in range(1, len(t)) if buffer.endswith(t[:k])), default=0)
     head = buffer[: len(buffer) - partial]
     return partial + len(head) - len(head.rstrip())
 
