@@ -2,7 +2,9 @@
 facts about the machine a result was measured on.
 
 Contract: :func:`start_proxies` starts ``n`` capture proxies (each its own records folder: one writer per folder)
-against one engine URL; :func:`cpu_seconds` and :func:`rss_bytes` read ``/proc`` for a process and its children
+against one engine URL and returns once each has bound to the engine and loaded its tokenizer (``ready`` in its
+admin stats), so the CPU a level measures is that of its calls, not the ~1 s of CPU a proxy's start-up takes;
+:func:`cpu_seconds` and :func:`rss_bytes` read ``/proc`` for a process and its children
 (mitmdump forks nothing, but the sum keeps the figure honest if it ever does); :func:`machine_facts` is the header
 every results page carries. Linux only (``/proc``).
 """
@@ -13,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,21 +106,35 @@ def start_proxies(
     """``n`` mitmdump + capture processes against ``engine_url``, each with its own workdir and records folder
     (``env``: extra environment for them); ``shared``: the ``n`` processes behind one port
     (``launch.start_shared``: one workdir, records in ``worker-<k>`` subfolders)."""
-    if shared:
-        opts = (f"harnessrl_model_dir={model_dir}", *options)
-        cfg = launch.ProxyConfig(engine_url, workdir / "shared", options=opts, env=tuple((env or {}).items()))
-        return launch.start_shared(cfg, n)
     handles: list[ProxyHandle] = []
     try:
-        for i in range(n):
+        if shared:
             opts = (f"harnessrl_model_dir={model_dir}", *options)
-            cfg = launch.ProxyConfig(engine_url, workdir / f"proxy-{i}", options=opts, env=tuple((env or {}).items()))
-            handles.append(launch.start(cfg))
+            cfg = launch.ProxyConfig(engine_url, workdir / "shared", options=opts, env=tuple((env or {}).items()))
+            handles += launch.start_shared(cfg, n)
+        else:
+            for i in range(n):
+                opts = (f"harnessrl_model_dir={model_dir}", *options)
+                cfg = launch.ProxyConfig(
+                    engine_url, workdir / f"proxy-{i}", options=opts, env=tuple((env or {}).items())
+                )
+                handles.append(launch.start(cfg))
+        wait_bound(handles)
     except BaseException:
         for h in handles:
             h.stop()
         raise
     return handles
+
+
+def wait_bound(handles: Sequence[ProxyHandle], timeout: float = 180.0) -> None:
+    """Until every proxy's admin stats say ``ready`` (engine bound, tokenizer loaded; its generation workers too)."""
+    deadline = time.monotonic() + timeout
+    for h in handles:
+        while not h.admin("GET", "stats").get("ready"):
+            if h.process.poll() is not None or time.monotonic() > deadline:
+                raise TimeoutError(f"proxy on port {h.port} not bound to its engine:\n{h.log.read_text()[-3000:]}")
+            time.sleep(0.1)
 
 
 def restart(handle: ProxyHandle, engine_url: str, model_dir: str | Path, options: Sequence[str] = ()) -> ProxyHandle:

@@ -33,6 +33,7 @@ async def test_a_start_up_that_fails_after_the_server_started_releases_the_store
     _, server, runtime = await start_runtime(smollm2_tokenizer_dir, records, tokens=4)
     try:
         assert runtime.generator is not None and runtime.port > 0
+        assert runtime.stats.snapshot()["ready"] is True  # bound: the admin stats say so
     finally:
         await runtime.stop()
         await server.close()

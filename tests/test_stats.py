@@ -17,6 +17,7 @@ def test_overhead_percentiles_and_calls_per_second() -> None:
     assert snap["calls_per_s_last_60s"] == round(10 / 60, 3)
     now[0] += 61
     assert stats.snapshot()["calls_per_s_last_60s"] == 0.0
+    assert snap["ready"] is False  # set by the runtime once the engine is bound and the tokenizer loaded
 
 
 def test_window_bounds_memory_and_splices_give_the_fork_ratio() -> None:

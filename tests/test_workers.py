@@ -60,6 +60,14 @@ def test_merge_stats_adds_counters_and_keeps_each_worker() -> None:
     assert merged["missing_logprobs"] == {"tokens": 1, "calls": 1}
     assert merged["overhead_ms"] == {"p50": 2.0}  # percentiles do not add up: worker 0's, and each worker's below
     assert [w["worker"] for w in merged["workers"]] == [0, 1, 2] and merged["workers"][2]["error"] == "starting"
+    assert merged["ready"] is False  # no snapshot said so, and a worker that did not answer is not ready
+
+
+def test_merged_stats_are_ready_when_every_worker_is() -> None:
+    own, other = {"ready": True, "calls": 0}, {"worker": 1, "ready": True, "calls": 0}
+    assert merge_stats(own, [other])["ready"] is True
+    assert merge_stats(own, [other | {"ready": False}])["ready"] is False
+    assert merge_stats(own, [{"worker": 1, "error": "starting"}])["ready"] is False
 
 
 def test_worker_config_rebuilds_the_proxys_configuration(tmp_path: Path) -> None:

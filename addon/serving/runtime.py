@@ -172,6 +172,7 @@ class Runtime:
             if all(e.policy_version is None for e in self.engine.engines):
                 log.warning("harnessrl: no engine reports a weight version; records carry none")
             self._poller = spawn(self._poll_policy_version(), "policy-version")
+            self.stats.ready = True
             log.info(
                 "harnessrl: bound to %s (context %d) in %.1fs",
                 self.served_model,

@@ -222,6 +222,7 @@ def merge_stats(own: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> 
     merged = dict(own)
     for key in ("calls", "completion_tokens"):
         merged[key] = sum(s.get(key, 0) for s in snapshots)
+    merged["ready"] = all(s.get("ready") is True for s in (own, *others))  # a worker that did not answer is not
     merged["calls_per_s_last_60s"] = round(sum(s.get("calls_per_s_last_60s", 0.0) for s in snapshots), 3)
     for key in ("errors", "missing_logprobs"):  # counts by kind
         totals: Counter[str] = Counter()
