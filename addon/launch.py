@@ -133,6 +133,8 @@ def command(config: ProxyConfig, port: int, admin_port: int, records: Path) -> l
     cmd = [str(MITMDUMP), "--mode", config.mode, "--listen-host", "127.0.0.1", "--listen-port", str(port)]
     cmd += ["--set", f"confdir={config.workdir / 'mitm'}", "--set", "connection_strategy=lazy"]
     cmd += ["--set", "upstream_cert=false", "-s", str(ROOT / "addon" / "capture.py")]
+    # no per-flow lines from mitmdump's dumper (each model call is a retargeted flow; options below can set it back)
+    cmd += ["--set", "flow_detail=0"]
     if config.mode == "regular":
         cmd += ["--set", "proxyauth=any"]
     cmd += ["--set", f"harnessrl_engine_url={config.engine_url}", "--set", f"harnessrl_records_dir={records}"]

@@ -30,3 +30,12 @@ def test_a_proxy_whose_record_folder_is_locked_exits_non_zero_with_the_reason(tm
     report = str(err.value)
     assert report.startswith("mitmdump exited with 1:")
     assert f"harnessrl: cannot start: {records} is already open by another record store" in report
+
+
+def test_the_command_turns_off_the_per_flow_lines_unless_the_options_set_them(tmp_path: Path) -> None:
+    config = launch.ProxyConfig("http://127.0.0.1:9", tmp_path, options=("flow_detail=2",))
+    cmd = launch.command(config, 8080, 8081, tmp_path / "records")
+    sets = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
+    # mitmproxy applies --set in order: the launcher's default first, the caller's options after it
+    assert sets.index("flow_detail=0") < sets.index("flow_detail=2")
+    assert "flow_detail=0" in launch.command(launch.ProxyConfig("http://e", tmp_path), 1, 2, tmp_path)

@@ -78,7 +78,7 @@ class Turn:
     recorded: bool = False
     plan: SplicePlan | None = None
     acc: Accumulator | None = None  # the answer so far, once generation started
-    prelude: Awaitable[RecordPrelude] | None = None  # the row's first half, being built while the engine samples
+    prelude: Awaitable[RecordPrelude | None] | None = None  # the row's first half, built while the engine samples
 
 
 def prelude(request: ModelRequest, prompt_ids: Sequence[int], canonical_json: CanonicalJson | None) -> RecordPrelude:
