@@ -106,19 +106,19 @@ def start_proxies(
     """``n`` mitmdump + capture processes against ``engine_url``, each with its own workdir and records folder
     (``env``: extra environment for them); ``shared``: the ``n`` processes behind one port
     (``launch.start_shared``: one workdir, records in ``worker-<k>`` subfolders)."""
+    opts = (f"harnessrl_model_dir={model_dir}", *options)
+    extra = tuple((env or {}).items())
     handles: list[ProxyHandle] = []
     try:
         if shared:
-            opts = (f"harnessrl_model_dir={model_dir}", *options)
-            cfg = launch.ProxyConfig(engine_url, workdir / "shared", options=opts, env=tuple((env or {}).items()))
-            handles += launch.start_shared(cfg, n)
+            handles += launch.start_shared(
+                launch.ProxyConfig(engine_url, workdir / "shared", options=opts, env=extra), n
+            )
         else:
             for i in range(n):
-                opts = (f"harnessrl_model_dir={model_dir}", *options)
-                cfg = launch.ProxyConfig(
-                    engine_url, workdir / f"proxy-{i}", options=opts, env=tuple((env or {}).items())
+                handles.append(
+                    launch.start(launch.ProxyConfig(engine_url, workdir / f"proxy-{i}", options=opts, env=extra))
                 )
-                handles.append(launch.start(cfg))
         wait_bound(handles)
     except BaseException:
         for h in handles:

@@ -213,6 +213,9 @@ class Generator:
         turn.plan = plan
         # FrozenIds over the array the splice built (the engine request and the row read that array), else a tuple
         turn.prompt_ids = plan.prompt_ids
+        # The row's first half (request JSON + zstd, these prompt ids packed), built by the thread that planned the
+        # call while the engine samples; a call refused below (context too long) is recorded with it too.
+        turn.prelude = ahead
         self.stats.splice(plan.reason)
         if len(turn.prompt_ids) >= self.max_model_len:
             raise ConversionError(
@@ -222,9 +225,6 @@ class Generator:
         turn.applied = self.policy.apply(
             request, len(turn.prompt_ids), self.max_model_len, turn.info.session_id, turn.call_index
         )
-        # The row's first half (request JSON + zstd, prompt ids packed of these prompt ids), built by the thread
-        # that planned the call while the engine samples.
-        turn.prelude = ahead
         parser = OutputParser(self.parser_spec, allowed=plan.allowed_tools())
         encoder = dialect.stream_encoder(turn.info.route, request) if request.stream else None
         acc = turn.acc = Accumulator()
