@@ -15,7 +15,8 @@ append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop t
 scheduling — is the rest of the measured added latency (benchmarks/side_by_side.py).
 
 The record build is timed as the Generator runs it: one :class:`~addon.records.blobs.CanonicalJson` shared by the
-whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call).
+whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call), given the
+call's session where the tree's ``prelude`` takes it (it then compares the request with the session's previous one).
 
 Usage::
 
@@ -98,6 +99,8 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
     s, canonical, route_of = m.sessions, m.canonical, routes(m)
     engine_prompt: dict[str, Any] = {}
     extra = {"canonical_json": json_cache} if json_cache is not None else {}
+    # trees whose prelude compares a request with its session's previous one take the session id
+    takes_session = m.recording is not None and "session" in inspect.signature(m.recording.prelude).parameters
     probe = m.wal.SegmentWriter(store.folder / f"probe-{tokens}.log", m.records.SCHEMA_VERSION)
     try:
         for fmt in s.FORMATS:
@@ -144,7 +147,8 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 ahead, t_ahead = {}, 0.0
                 if m.recording is not None:  # the row's first half, built while the engine samples
                     t0 = time.perf_counter()
-                    ahead = {"prepared": m.recording.prelude(request, turn.prompt_ids, json_cache)}
+                    by_session = {"session": state.session_id} if takes_session else {}
+                    ahead = {"prepared": m.recording.prelude(request, turn.prompt_ids, json_cache, **by_session)}
                     t_ahead = time.perf_counter() - t0
                 t.append(time.perf_counter())
                 m.splice.record(state, info.call_id, request, plan, completion, ids, "tool_calls")

@@ -8,7 +8,8 @@ a wire format; the dialect modules do. All classes are frozen dataclasses with a
 discriminated, so ``match`` statements over them are exhaustive and checkable.
 
 Organisation: content parts -> messages -> tools / tool choice / sampling / output format -> request;
-completion and its parts; stream events; errors.
+completion and its parts; stream events. Errors (:class:`ConversionError`, :class:`WireResponse`) are in
+:mod:`converters.errors`, re-exported here.
 
 Opaque provider state (Anthropic thinking signatures, Gemini ``thoughtSignature``, Responses ``encrypted_content``,
 tool kinds we do not interpret) travels in :class:`ProviderState` so that a harness gets back exactly what it needs
@@ -18,26 +19,44 @@ on the next turn. It is opaque on purpose: converters copy it, never interpret i
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+# the model's errors live in converters/errors.py; re-exported here, where every converter imports them from
+from converters.errors import ERROR_STATUS as ERROR_STATUS
+from converters.errors import RETRYABLE_KINDS as RETRYABLE_KINDS
+from converters.errors import ConversionError as ConversionError
+from converters.errors import ErrorKind as ErrorKind
+from converters.errors import WireResponse as WireResponse
+
 _SORTED_JSON = msgspec.json.Encoder(order="sorted")
 
 
-def json_hash(value: Any) -> int:
-    """A hash of a JSON-compatible value through its JSON text with sorted keys, so that ``1``, ``1.0`` and
-    ``true`` (equal to Python, not to JSON) hash apart. The mappings that hold JSON (tool schemas, provider state)
-    are not hashable themselves; a request's tools are hashed a few times per call (the records' encoding cache), and
-    msgspec writes a tool schema's text ~7x as fast as ``json.dumps(sort_keys=True)``. Values msgspec does not
-    encode (non-JSON types, mixed key types) hash through ``json.dumps`` as before."""
+def json_text(value: Any) -> bytes:
+    """The JSON text of a JSON-compatible value with sorted keys: what tells ``1``, ``1.0``, ``true`` and ``-0.0``
+    apart (equal to Python, not to JSON). msgspec writes a tool schema's text ~7x as fast as
+    ``json.dumps(sort_keys=True)``; values msgspec does not encode (non-JSON types, mixed key types) go through
+    ``json.dumps``."""
     try:
-        return hash(_SORTED_JSON.encode(value))
+        return _SORTED_JSON.encode(value)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError):  # EncodeError is none of the others
-        return hash(json.dumps(value, sort_keys=True, default=str))
+        return json.dumps(value, sort_keys=True, default=str).encode()
+
+
+def json_hash(value: Any) -> int:
+    """A hash of a JSON-compatible value through :func:`json_text`. The mappings that hold JSON (tool schemas,
+    provider state) are not hashable themselves."""
+    return hash(json_text(value))
+
+
+def _same_json(a: Any, b: Any, a_text: bytes, b_text: bytes) -> bool:
+    """``a`` and ``b`` (with their :func:`json_text`) are the same JSON: equal to Python (so NaN, which both encoders
+    write as something else, is never equal to that) and the same text (so ``1`` and ``1.0`` differ)."""
+    return a is b or (a == b and a_text == b_text)
 
 
 WireFormat: TypeAlias = Literal["chat", "responses", "anthropic", "gemini"]
@@ -54,8 +73,22 @@ class ProviderState:
     format: WireFormat
     data: Mapping[str, Any]
 
+    # Equal means the same JSON, not only equal to Python ({"n": 1} == {"n": 1.0}): the records' encoding cache
+    # (addon/records/blobs.py) reuses a previous call's text for an equal message. The text is computed once per
+    # object (a frozen dataclass keeps it in its __dict__, outside the fields).
+    @cached_property
+    def _json(self) -> bytes:
+        return json_text(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProviderState):
+            return NotImplemented
+        return self is other or (
+            self.format == other.format and _same_json(self.data, other.data, self._json, other._json)
+        )
+
     def __hash__(self) -> int:  # Mapping is unhashable; hash its canonical JSON.
-        return hash((self.format, json_hash(self.data)))
+        return hash((self.format, self._json))
 
 
 # --------------------------------------------------------------------------------------------------- content parts
@@ -168,8 +201,25 @@ class ToolSpec:
     tools: tuple[ToolSpec, ...] = ()
     provider_state: ProviderState | None = None
 
+    @cached_property
+    def _json(self) -> bytes:  # the schema's text, once per object: equal means the same JSON (see ProviderState)
+        return json_text(self.parameters)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolSpec):
+            return NotImplemented
+        return self is other or (
+            self.name == other.name
+            and self.description == other.description
+            and self.kind == other.kind
+            and self.strict == other.strict
+            and self.tools == other.tools
+            and self.provider_state == other.provider_state
+            and _same_json(self.parameters, other.parameters, self._json, other._json)
+        )
+
     def __hash__(self) -> int:
-        return hash((self.name, self.kind, json_hash(self.parameters)))
+        return hash((self.name, self.kind, self._json))
 
 
 @dataclass(frozen=True)
@@ -222,8 +272,21 @@ class JsonSchemaFormat:
     strict: bool | None = None
     type: Literal["json_schema"] = "json_schema"
 
+    @cached_property
+    def _json(self) -> bytes:  # equal means the same JSON (see ProviderState)
+        return json_text(self.schema)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JsonSchemaFormat):
+            return NotImplemented
+        return self is other or (
+            self.name == other.name
+            and self.strict == other.strict
+            and _same_json(self.schema, other.schema, self._json, other._json)
+        )
+
     def __hash__(self) -> int:
-        return hash((self.name, json_hash(self.schema)))
+        return hash((self.name, self._json))
 
 
 OutputFormat: TypeAlias = TextFormat | JsonObjectFormat | JsonSchemaFormat
@@ -398,83 +461,3 @@ def completion_events(completion: Completion, prompt_tokens: int | None = None) 
         events.append(ToolCallEnded(i))
     events.append(Finish(completion.finish_reason, completion.usage))
     return events
-
-
-# --------------------------------------------------------------------------------------------------- errors
-
-ErrorKind: TypeAlias = Literal[
-    "invalid_request",  # 400
-    "authentication",  # 401
-    "permission",  # 403
-    "not_found",  # 404 unknown model or route
-    "too_large",  # 413
-    "context_length",  # 400 with the vendor's context-length wording
-    "rate_limited",  # 429
-    "internal",  # 500
-    "unavailable",  # 503 engine down
-    "overloaded",  # 529 (Anthropic) / 503
-    "timeout",  # 504
-]
-
-ERROR_STATUS: Mapping[ErrorKind, int] = {
-    "invalid_request": 400,
-    "authentication": 401,
-    "permission": 403,
-    "not_found": 404,
-    "too_large": 413,
-    "context_length": 400,
-    "rate_limited": 429,
-    "internal": 500,
-    "unavailable": 503,
-    "overloaded": 529,
-    "timeout": 504,
-}
-
-
-# Rate limited, engine unavailable, overloaded: a client that waits and retries will be served.
-RETRYABLE_KINDS: frozenset[ErrorKind] = frozenset({"rate_limited", "unavailable", "overloaded"})
-
-
-class ConversionError(Exception):
-    """A request the proxy cannot serve, to be answered in the caller's own error shape.
-
-    Raised by the request parsers; the addon renders it with the dialect's ``render_error``.
-    """
-
-    def __init__(
-        self, kind: ErrorKind, message: str, *, param: str | None = None, retry_after: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.message = message
-        self.param = param
-        self.retry_after = retry_after
-
-    @property
-    def status(self) -> int:
-        return ERROR_STATUS[self.kind]
-
-    @property
-    def retry_after_s(self) -> float | None:
-        """Seconds a client should wait before retrying a retryable error: its own delay, else 1 s (some clients give
-        up at once on a 429/503 without one); None for the other kinds (retrying a 400 cannot help)."""
-        if self.kind not in RETRYABLE_KINDS:
-            return None
-        return 1.0 if self.retry_after is None else max(self.retry_after, 0.0)
-
-    def retry_headers(self) -> dict[str, str]:
-        """The one retry rule of all four formats: ``retry-after`` (whole seconds, at least 1) and
-        ``retry-after-ms`` (the OpenAI and Anthropic SDKs prefer it) whenever :attr:`retry_after_s` is set."""
-        wait = self.retry_after_s
-        if wait is None:
-            return {}
-        return {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}
-
-
-@dataclass(frozen=True)
-class WireResponse:
-    """A complete HTTP answer: status, headers and body bytes."""
-
-    status: int
-    headers: Mapping[str, str]
-    body: bytes

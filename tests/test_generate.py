@@ -376,6 +376,7 @@ async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the
     from addon.generation.sessions import Budget, SessionRegistry
     from addon.generation.splice import SpliceRenderer
     from addon.generation.stats import Stats
+    from addon.records.blobs import unpack_json
     from addon.records.schema import read_records
     from addon.records.store import RecordStore
     from benchmarks import fake_engine
@@ -400,11 +401,12 @@ async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the
     async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
         pool = EnginePool([client])
         await pool.bind()
+        sessions = SessionRegistry(Budget())
         gen = Generator(
             splicer=SpliceRenderer(PromptRenderer.from_pretrained(smollm2_tokenizer_dir)),
             engine=pool,
             store=store,
-            sessions=SessionRegistry(Budget()),
+            sessions=sessions,
             stats=stats,
             max_model_len=8192,
             served_model="fake",
@@ -418,9 +420,17 @@ async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the
             assert sink.status == 200, answer
             text = "".join(b.get("text", "") for b in answer["content"] if b["type"] == "text")
             messages += [{"role": "assistant", "content": text or "ok"}, {"role": "user", "content": f"next {i}"}]
+        # the row's request text reused the session's previous request for its history (1 + 3 + 5 messages), and
+        # what it holds of the session goes when the session closes
+        assert gen.canonical_json.reused == 9 and gen.canonical_json.sessions_held == 1
+        sessions.close("s1")
+        assert gen.canonical_json.sessions_held == 0
     await server.close()
     store.close()
     rows = read_records(str(tmp_path)).sort_by("call_index").to_pylist()
     assert [r["prompt_ids"] for r in rows] == seen and len(seen) == 4
     assert stats.splices["extends"] == 3  # each later prompt was the earlier one plus new ids
+    for row, n in zip(rows, (1, 3, 5, 7), strict=True):
+        request = unpack_json(row["request_canonical"])
+        assert [m["role"] for m in request["messages"]] == ["user", "assistant"] * (n // 2) + ["user"]
     assert all(seen[k + 1][: len(seen[k])] == seen[k] for k in range(3))

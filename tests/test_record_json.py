@@ -218,18 +218,82 @@ def test_threads_sharing_one_cache_get_exact_texts() -> None:
     expected = {id(req): old_text(req) for s in sessions for req in s}
     wrong: list[str] = []
 
-    def work(reqs: list[ModelRequest]) -> None:
+    def work(reqs: list[ModelRequest], own: str) -> None:
         for _ in range(5):
             for req in reqs:
-                if cache.request(req) != expected[id(req)]:
-                    wrong.append(req.messages[-1].parts[0].type)
+                # without a session, as this thread's session, and as one session all threads race on
+                for session in (None, own, "shared"):
+                    if cache.request(req, session) != expected[id(req)]:
+                        wrong.append(req.messages[-1].parts[0].type)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in sessions]
+    threads = [threading.Thread(target=work, args=(s, f"t{i}")) for i, s in enumerate(sessions)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert wrong == [] and cache.cached_chars <= 40_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(requests, min_size=1, max_size=4), st.data())
+def test_a_session_s_previous_request_gives_exact_texts(reqs: list[ModelRequest], data: st.DataObject) -> None:
+    """Calls of one session compared with the previous one position by position: whatever changes between them
+    (any message or tool, a 1 that becomes 1.0 in provider state or a schema), each text is the plain text."""
+    cache = CanonicalJson()
+    for req in reqs:
+        # the same request again, with one message or tool swapped for another request's (or kept)
+        other = data.draw(requests)
+        again = replace(
+            req,
+            messages=req.messages[:1] + other.messages[:1] + req.messages[1:],
+            tools=other.tools[:1] + req.tools[1:],
+        )
+        for r in (req, again, req):
+            assert cache.request(r, session="s") == old_text(r)
+            assert cache.request(r, session=str(len(r.messages))) == old_text(r)
+
+
+def test_a_tool_loop_reuses_its_previous_texts_unhashed() -> None:
+    cache = CanonicalJson()
+    session = _session(6)
+    assert cache.request(session[0], session="a") == old_text(session[0])
+    assert (cache.reused, cache.misses, cache.sessions_held) == (0, 3, 1)
+    for k, req in enumerate(session[1:], start=1):
+        reused, hits, misses = cache.reused, cache.hits, cache.misses
+        assert cache.request(req, session="a") == old_text(req)
+        # the history (2 + 2(k-1) messages) and the tool are the previous call's; the two new messages are encoded
+        assert (cache.reused - reused, cache.hits - hits, cache.misses - misses) == (2 * k + 1, 0, 2)
+    # another session with the same history finds it in the shared cache, hashed
+    hits = cache.hits
+    assert cache.request(session[3], session="b") == old_text(session[3]) and cache.hits - hits == 2 * 3 + 3
+    assert cache.sessions_held == 2
+    cache.forget("a")
+    cache.forget("never seen")
+    assert cache.sessions_held == 1
+
+
+def test_values_that_encode_differently_are_not_reused_from_the_previous_request() -> None:
+    cache = CanonicalJson()
+    for v in [1, 1.0, True, -0.0, 0.0] * 2:
+        msg = Message("user", (TextPart("x", provider_state=ProviderState("anthropic", {"n": v})),))
+        req = ModelRequest("responses", "m", (msg,), tools=(ToolSpec("t", parameters={"default": v}),))
+        text = cache.request(req, session="s")
+        assert text == old_text(req)
+        assert f'"n":{json.dumps(v)}' in text and f'"default":{json.dumps(v)}' in text
+    assert cache.reused == 0
+
+
+def test_previous_requests_are_bounded_by_max_chars() -> None:
+    cache = CanonicalJson(max_chars=20_000)
+    session = _session(3)  # the last request's texts hold ~2,300 characters
+    for i in range(40):
+        assert cache.request(session[i % 3], session=f"s{i}") == old_text(session[i % 3])
+        assert cache._recent_chars <= 20_000
+    assert 0 < cache.sessions_held < 40
+    huge = ModelRequest("chat", "m", (Message("user", (TextPart("y" * 3_000),)),))  # over max_chars / 8
+    cache.request(huge, session="s39")
+    assert cache.request(huge, session="s39") == old_text(huge)
+    assert "s39" not in cache._recent and cache._recent_chars == sum(c for _, c in cache._recent.values())
 
 
 def test_configuration_and_argument_errors() -> None:

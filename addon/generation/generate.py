@@ -116,6 +116,7 @@ class Generator:
         self.fields = fields or UnknownFields()
         # The record's request blob: each message and tool is JSON-encoded once while cached, not once per call.
         self.canonical_json = CanonicalJson()
+        sessions.on_close(self.canonical_json.forget)
 
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
         dialect = dialect_for(info.route.format)
@@ -192,7 +193,10 @@ class Generator:
         loop.call_soon_threadsafe(_settle, planned_at, (request, planned), None)
         if isinstance(planned, ConversionError):
             return None
-        return prelude(request, planned[0].prompt_ids, self.canonical_json)
+        # a side call (structured output, no tools) is not remembered as the session's previous request: the next
+        # call of the tool loop compares with the loop's last one
+        session = info.session_id if auxiliary_reason(request) is None else None
+        return prelude(request, planned[0].prompt_ids, self.canonical_json, session)
 
     async def _generate(
         self,

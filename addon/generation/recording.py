@@ -81,13 +81,22 @@ class Turn:
     prelude: Awaitable[RecordPrelude | None] | None = None  # the row's first half, built while the engine samples
 
 
-def prelude(request: ModelRequest, prompt_ids: Sequence[int], canonical_json: CanonicalJson | None) -> RecordPrelude:
+def prelude(
+    request: ModelRequest,
+    prompt_ids: Sequence[int],
+    canonical_json: CanonicalJson | None,
+    session: str | None = None,
+) -> RecordPrelude:
     """What :func:`build_record` would compute from the request and the prompt ids alone.
 
     With ``canonical_json`` (the Generator's, shared by all sessions) its cost follows the new suffix: the request's
-    messages and tools are JSON-encoded once per distinct value; without it the whole request is encoded (same
-    text). Raises ValueError for prompt ids that are not token ids, as the row would."""
-    request_json = canonical_json.request(request) if canonical_json is not None else dumps_json(plain(request))
+    messages and tools are JSON-encoded once per distinct value, and with ``session`` the ones equal to that
+    session's previous request are not even hashed; without it the whole request is encoded (same text). Raises
+    ValueError for prompt ids that are not token ids, as the row would."""
+    if canonical_json is None:
+        request_json = dumps_json(plain(request))
+    else:
+        request_json = canonical_json.request(request, session)
     return RecordPrelude(
         request_canonical=pack_json_text(request_json),
         tokens=TurnTokens(prompt_ids),  # packed ids (FrozenIds) are held as they are, not as a tuple
