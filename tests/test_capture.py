@@ -701,3 +701,18 @@ def test_hermes_call_with_two_user_agent_lines_is_answered_through_mitmdump(fake
     assert (row["harness"], row["wire_format"], row["error"]) == ("claude-code", "anthropic", None)
     agent = json.loads(row["identity_hints"])["user_agent"]
     assert "claude-code/2.0.14" in agent and "Anthropic/Python 0.69.0" in agent  # both values recorded
+
+
+async def test_mitmproxy_s_line_per_streamed_call_is_dropped_and_no_other(caplog) -> None:
+    """mitmproxy logs ``Streaming response from 127.0.0.1.`` for every model call (the internal retarget); the addon
+    drops that line only, and loading it again (a script reload) adds no second filter."""
+    for _ in range(2):
+        with taddons.context(Capture()):
+            pass
+    server_log = logging.getLogger("mitmproxy.proxy.server")
+    assert sum(isinstance(f, capture_module.InternalHopLines) for f in server_log.filters) == 1
+    with caplog.at_level(logging.INFO, logger="mitmproxy.proxy.server"):
+        for host in ("127.0.0.1", "api.example.com"):
+            server_log.info(f"Streaming response from {host}.")
+        server_log.info("client connect")
+    assert [r.getMessage() for r in caplog.records] == ["Streaming response from api.example.com.", "client connect"]
