@@ -193,10 +193,7 @@ class Generator:
         loop.call_soon_threadsafe(_settle, planned_at, (request, planned), None)
         if isinstance(planned, ConversionError):
             return None
-        # a side call (structured output, no tools) is not remembered as the session's previous request: the next
-        # call of the tool loop compares with the loop's last one
-        session = info.session_id if auxiliary_reason(request) is None else None
-        return prelude(request, planned[0].prompt_ids, self.canonical_json, session)
+        return prelude(request, planned[0].prompt_ids, self.canonical_json, info.session_id)
 
     async def _generate(
         self,

@@ -91,17 +91,19 @@ def prelude(
 
     With ``canonical_json`` (the Generator's, shared by all sessions) its cost follows the new suffix: the request's
     messages and tools are JSON-encoded once per distinct value, and with ``session`` the ones equal to that
-    session's previous request are not even hashed; without it the whole request is encoded (same text). Raises
-    ValueError for prompt ids that are not token ids, as the row would."""
+    session's previous request are not even hashed (a side call is neither compared with nor remembered as the
+    session's previous request: the tool loop's next call compares with the loop's last one); without it the whole
+    request is encoded (same text). Raises ValueError for prompt ids that are not token ids, as the row would."""
+    reason = auxiliary_reason(request)
     if canonical_json is None:
         request_json = dumps_json(plain(request))
     else:
-        request_json = canonical_json.request(request, session)
+        request_json = canonical_json.request(request, session if reason is None else None)
     return RecordPrelude(
         request_canonical=pack_json_text(request_json),
         tokens=TurnTokens(prompt_ids),  # packed ids (FrozenIds) are held as they are, not as a tuple
         identity_hints=_identity(request),
-        auxiliary_reason=auxiliary_reason(request),
+        auxiliary_reason=reason,
         sampling_requested=plain(request.sampling),
     )
 
