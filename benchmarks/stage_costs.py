@@ -2,7 +2,8 @@
 context sizes, in the steady state of a tool loop (each call extends the previous one).
 
 Stages, in the order the addon runs them (addon/generation/generate.py): ``parse`` (body bytes -> canonical request, the
-format's converter), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/generation/splice.py),
+format's converter; given the session's previous request where the tree has ``converters/delta.py``, as the
+Generator does), ``splice`` (the prefix-graph match and the suffix render + tokenise, addon/generation/splice.py),
 ``engine_json`` (the engine request: the prompt ids as its JSON list, formatted from the session's previous prompt
 where the tree has ``token_ids.json_list_extending`` or ``JsonIds``, else the whole list; then the
 ``GenerationRequest`` and its body), ``record_ahead`` (the row's first half, addon/generation/recording.py
@@ -78,6 +79,10 @@ def load(tree: Path) -> SimpleNamespace:
     # trees before the row was built in two halves have no recording module: their whole row is built after
     has_recording = (tree / "addon" / "generation" / "recording.py").is_file()
     mods["recording"] = importlib.import_module("addon.generation.recording") if has_recording else None
+    # trees that parse a session's request against its previous one (only the new conversation items)
+    mods["delta"] = (
+        importlib.import_module("converters.delta") if (tree / "converters" / "delta.py").is_file() else None
+    )
     return SimpleNamespace(**mods)
 
 
@@ -106,10 +111,14 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
         for fmt in s.FORMATS:
             conv = s.Conversation(s.context_script(9, tokens, fmt, int(tokens * m.side_by_side.CHARS_PER_TOKEN), calls))
             state = m.splice.SessionState(f"stage-{fmt}-{tokens}")
+            memo = None
             for i in range(calls):
                 body = conv.wire().body
                 t = [time.perf_counter()]
-                request = m.converters.dialect_for(fmt).parse_request(body, route_of[fmt], {})
+                reuse = m.delta.ListReuse(memo) if m.delta is not None else None
+                by_reuse = {"reuse": reuse} if reuse is not None else {}
+                request = m.converters.dialect_for(fmt).parse_request(body, route_of[fmt], {}, **by_reuse)
+                memo = reuse.memo() if reuse is not None else None
                 t.append(time.perf_counter())
                 plan = m.splice.plan(state, request, splicer)
                 t.append(time.perf_counter())

@@ -60,6 +60,7 @@ from converters.canonical import (
     ToolSpec,
     WireResponse,
 )
+from converters.delta import ListReuse
 
 # ----------------------------------------------------------------------------------------------- vocabulary
 
@@ -94,7 +95,9 @@ _LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]+)$")
 # ----------------------------------------------------------------------------------------------- parsing
 
 
-def parse_body(obj: Mapping[str, Any], headers: Mapping[str, str], fields: UnknownFields) -> ModelRequest:
+def parse_body(
+    obj: Mapping[str, Any], headers: Mapping[str, str], fields: UnknownFields, reuse: ListReuse | None = None
+) -> ModelRequest:
     """The whole request, as a short pipeline of named steps."""
     fields.check("body", obj, TOP_LEVEL | REJECTED_TOP.keys())
     for key, why in REJECTED_TOP.items():
@@ -104,12 +107,13 @@ def parse_body(obj: Mapping[str, Any], headers: Mapping[str, str], fields: Unkno
     messages = expect(obj, "messages", list, "body", required=True)
     if not messages:
         raise invalid("messages", "at least one message is required")
-    tools = parse_tools(expect(obj, "tools", list, "body") or [], fields)
+    raw_tools = expect(obj, "tools", list, "body") or []
+    tools = reuse.value("tools", lambda: parse_tools(raw_tools, fields)) if reuse else parse_tools(raw_tools, fields)
     tool_choice, parallel = parse_tool_choice(obj.get("tool_choice")) if tools else (None, None)
     return ModelRequest(
         format="anthropic",
         model=model,
-        messages=parse_system(obj.get("system"), fields) + parse_messages(messages, fields),
+        messages=parse_system(obj.get("system"), fields) + parse_messages(messages, fields, reuse),
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
@@ -141,7 +145,11 @@ def text_parts(content: Any, where: str, fields: UnknownFields) -> tuple[Part, .
     return parts
 
 
-def parse_messages(messages: list[Any], fields: UnknownFields) -> tuple[Message, ...]:
+def parse_messages(messages: list[Any], fields: UnknownFields, reuse: ListReuse | None = None) -> tuple[Message, ...]:
+    """Each message on its own (none depends on another): those the session's previous request held come from
+    ``reuse``."""
+    if reuse is not None:
+        return tuple(reuse.items(messages, lambda m, i: parse_message(m, i, fields)))
     return tuple(parse_message(m, i, fields) for i, m in enumerate(messages))
 
 
@@ -370,8 +378,11 @@ class AnthropicDialect(Dialect):
         route: Route,
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
+        *,
+        reuse: ListReuse | None = None,
     ) -> ModelRequest:
-        return parse_body(load_json_object(body), headers or {}, fields or UnknownFields())
+        obj = reuse.load(body, "messages") if reuse is not None else load_json_object(body)
+        return parse_body(obj, headers or {}, fields or UnknownFields(), reuse)
 
     def render_request(self, request: ModelRequest) -> dict[str, Any]:
         return anthropic_render.render_body(request)

@@ -23,7 +23,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -76,6 +76,16 @@ class UnknownFields:
         return frozenset(self._seen)
 
 
+class ItemReuse(Protocol):
+    """What a dialect needs of :class:`converters.delta.ListReuse` (which imports this module)."""
+
+    def load(self, body: bytes | Mapping[str, Any], key: str) -> Mapping[str, Any]: ...
+
+    def items(self, raw: Any, parse_one: Any, after_reused: Any = None) -> list[Any]: ...
+
+    def value(self, name: str, parse: Any) -> Any: ...
+
+
 class StreamEncoder(ABC):
     """Sans-IO stream transducer: canonical events in, wire bytes out. One instance per response."""
 
@@ -105,7 +115,11 @@ class Dialect(ABC):
         route: Route,
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
-    ) -> ModelRequest: ...
+        *,
+        reuse: ItemReuse | None = None,
+    ) -> ModelRequest:
+        """``reuse``: the session's previous request, whose unchanged conversation items are taken as they were
+        parsed instead of decoded and parsed again (:class:`converters.delta.ListReuse`)."""
 
     @abstractmethod
     def render_request(self, request: ModelRequest) -> dict[str, Any]: ...

@@ -28,7 +28,7 @@ Organisation: field tables; request parsing (top level, messages, content, tools
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from converters.base import Dialect, Route, UnknownFields, expect, load_json_object
@@ -60,6 +60,7 @@ from converters.canonical import (
 )
 from converters.chat_render import render_chat_request
 from converters.chat_stream import ChatStreamEncoder, render_completion_body, render_error_response
+from converters.delta import ListReuse
 
 # Fields kept verbatim in ModelRequest.extras: accepted, recorded, not interpreted.
 _EXTRAS = tuple(
@@ -98,10 +99,13 @@ def _bad(where: str, message: str, param: str | None = None) -> ConversionError:
 
 
 def parse_chat_request(
-    body: bytes | Mapping[str, Any], headers: Mapping[str, str] | None, fields: UnknownFields
+    body: bytes | Mapping[str, Any],
+    headers: Mapping[str, str] | None,
+    fields: UnknownFields,
+    reuse: ListReuse | None = None,
 ) -> ModelRequest:
     """The whole request, as a short pipeline of the helpers below."""
-    obj = load_json_object(body)
+    obj = reuse.load(body, "messages") if reuse is not None else load_json_object(body)
     fields.check("chat", obj, _KNOWN)
     for key, why in _REJECTED.items():
         if obj.get(key) is not None:
@@ -112,11 +116,12 @@ def parse_chat_request(
     if n is not None and n != 1:
         raise _bad("n", f"n={n} is not supported; only one choice per request")
     stream = bool(expect(obj, "stream", bool, "chat"))
-    tools = _parse_tools(expect(obj, "tools", list, "chat") or [], fields)
+    raw_tools = expect(obj, "tools", list, "chat") or []
+    tools = reuse.value("tools", lambda: _parse_tools(raw_tools, fields)) if reuse else _parse_tools(raw_tools, fields)
     return ModelRequest(
         format="chat",
         model=expect(obj, "model", str, "chat", required=True),
-        messages=_parse_messages(expect(obj, "messages", list, "chat", required=True), fields),
+        messages=_parse_messages(expect(obj, "messages", list, "chat", required=True), fields, reuse),
         tools=tools,
         tool_choice=_parse_tool_choice(obj.get("tool_choice"), tools),
         parallel_tool_calls=expect(obj, "parallel_tool_calls", bool, "chat"),
@@ -136,19 +141,30 @@ def _include_usage(obj: Mapping[str, Any], fields: UnknownFields) -> bool:
     return bool(expect(options, "include_usage", bool, "stream_options"))
 
 
-def _parse_messages(raw: list[Any], fields: UnknownFields) -> tuple[Message, ...]:
+def _parse_messages(raw: list[Any], fields: UnknownFields, reuse: ListReuse | None = None) -> tuple[Message, ...]:
+    """A tool result takes the kind of the call it answers, from the messages before it: those ``reuse`` gives back
+    (always a leading run) were parsed after the same messages, and their calls' kinds are read off them."""
     if not raw:
         raise _bad("messages", "must contain at least one message")
     call_kinds: dict[str, Kind] = {}  # tool results inherit the kind of the call they answer
-    out = []
-    for i, m in enumerate(raw):
+
+    def one(m: Any, i: int) -> Message:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(where, f"expected object, got {type(m).__name__}")
         message = _parse_message(m, where, call_kinds, fields)
         call_kinds.update({p.id: p.kind for p in message.parts if isinstance(p, ToolCallPart)})
-        out.append(message)
-    return tuple(out)
+        return message
+
+    if reuse is None:
+        return tuple(one(m, i) for i, m in enumerate(raw))
+
+    def after(reused: Sequence[Message]) -> None:
+        for message in reused:
+            if message.role == "assistant":
+                call_kinds.update({p.id: p.kind for p in message.parts if isinstance(p, ToolCallPart)})
+
+    return tuple(reuse.items(raw, one, after))
 
 
 def _parse_message(m: Mapping[str, Any], where: str, call_kinds: dict[str, Kind], fields: UnknownFields) -> Message:
@@ -405,8 +421,10 @@ class ChatDialect(Dialect):
         route: Route,
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
+        *,
+        reuse: ListReuse | None = None,
     ) -> ModelRequest:
-        return parse_chat_request(body, headers, fields if fields is not None else UnknownFields())
+        return parse_chat_request(body, headers, fields if fields is not None else UnknownFields(), reuse)
 
     def render_request(self, request: ModelRequest) -> dict[str, Any]:
         return render_chat_request(request)

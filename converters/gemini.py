@@ -53,6 +53,7 @@ from converters.canonical import (
     ToolSpec,
     WireResponse,
 )
+from converters.delta import ListReuse
 from converters.gemini_render import RECORDED_KEYS, SAMPLING_KEYS, render_request, render_tool_config
 from converters.gemini_stream import GeminiStreamEncoder, render_completion, render_error
 
@@ -371,10 +372,12 @@ def parse_request(
     route: Route,
     headers: Mapping[str, str] | None = None,
     fields: UnknownFields | None = None,
+    reuse: ListReuse | None = None,
 ) -> ModelRequest:
-    """A Gemini request body -> ModelRequest (see the module docstring for the mapping)."""
+    """A Gemini request body -> ModelRequest (see the module docstring for the mapping). ``reuse``: the session's
+    previous request's contents (:mod:`converters.delta`; each content parses on its own)."""
     fields = fields if fields is not None else UnknownFields()
-    obj = _camel(load_json_object(body))
+    obj = _camel(reuse.load(body, "contents") if reuse is not None else load_json_object(body))
     if not route.model:
         raise ConversionError("not_found", f"no model in the route {route.path!r}")
     fields.check("body", obj, _BODY_KEYS)
@@ -382,8 +385,12 @@ def parse_request(
     if not contents:
         raise _bad("contents: must not be empty", "contents")
     system = _parse_system(obj.get("systemInstruction"), fields)
-    messages = tuple(_parse_content(c, f"contents[{i}]", fields) for i, c in enumerate(contents))
-    tools = _parse_tools(expect(obj, "tools", list, "body"), fields)
+    if reuse is not None:
+        messages = tuple(reuse.items(contents, lambda c, i: _parse_content(c, f"contents[{i}]", fields)))
+    else:
+        messages = tuple(_parse_content(c, f"contents[{i}]", fields) for i, c in enumerate(contents))
+    raw_tools = expect(obj, "tools", list, "body")
+    tools = reuse.value("tools", lambda: _parse_tools(raw_tools, fields)) if reuse else _parse_tools(raw_tools, fields)
     tool_config = _camel_tool_config(expect(obj, "toolConfig", dict, "body") or {})
     choice = _parse_tool_config(tool_config, fields) if tools else None  # empty tools: drop the config too
     config = _camel(expect(obj, "generationConfig", dict, "body") or {})
@@ -425,8 +432,10 @@ class GeminiDialect(Dialect):
         route: Route,
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
+        *,
+        reuse: ListReuse | None = None,
     ) -> ModelRequest:
-        return parse_request(body, route, headers, fields)
+        return parse_request(body, route, headers, fields, reuse)
 
     def render_request(self, request: ModelRequest) -> dict[str, Any]:
         return render_request(request)

@@ -56,6 +56,7 @@ from converters.canonical import (
     WireFormat,
     WireResponse,
 )
+from converters.delta import ListReuse
 from converters.responses_items import (
     STATEFUL,
     invalid,
@@ -101,17 +102,19 @@ def parse_request(
     fields: UnknownFields | None = None,
     *,
     history: Sequence[Message] | None = None,
+    reuse: ListReuse | None = None,
 ) -> ModelRequest:
     """A Responses request body as a canonical request.
 
     ``history`` is the conversation a ``previous_response_id`` refers to (the caller's own record of it);
-    without it such a request is a 400."""
-    obj = load_json_object(body)
+    without it such a request is a 400. ``reuse``: the session's previous request's input items
+    (:mod:`converters.delta`)."""
+    obj = reuse.load(body, "input") if reuse is not None else load_json_object(body)
     sink = fields if fields is not None else UnknownFields()
     sink.check("body", obj, KNOWN_FIELDS)
     _reject_stateful(obj, history)
     model = expect(obj, "model", str, "body", required=True)
-    messages, carriers = parse_input(obj.get("input"), sink)
+    messages, carriers = parse_input(obj.get("input"), sink, reuse)
     carried = [(i, item, _parse_tools(item.get("tools"), f"body.input[{i}].tools", sink)) for i, item in carriers]
     extras: dict[str, Any] = {k: obj[k] for k in EXTRA_FIELDS if obj.get(k) is not None}
     if carried:  # where the items stood and how many tools each held, so that rendering puts them back
@@ -127,7 +130,13 @@ def parse_request(
     if instructions is not None:
         lead = Message("system", (TextPart(instructions),), wire_state({"source": "instructions"}))
         messages = (lead,) + messages
-    tools = _parse_tools(obj.get("tools"), "body.tools", sink) + tuple(t for _, _, found in carried for t in found)
+    raw_tools = obj.get("tools")
+    listed = (
+        reuse.value("tools", lambda: _parse_tools(raw_tools, "body.tools", sink))
+        if reuse
+        else _parse_tools(raw_tools, "body.tools", sink)
+    )
+    tools = listed + tuple(t for _, _, found in carried for t in found)
     output_format = _parse_text(expect(obj, "text", dict, "body"), extras, sink)
     return ModelRequest(
         format="responses",
@@ -396,8 +405,9 @@ class ResponsesDialect(Dialect):
         fields: UnknownFields | None = None,
         *,
         history: Sequence[Message] | None = None,
+        reuse: ListReuse | None = None,
     ) -> ModelRequest:
-        return parse_request(body, route, headers, fields, history=history)
+        return parse_request(body, route, headers, fields, history=history, reuse=reuse)
 
     def render_request(self, request: ModelRequest) -> dict[str, Any]:
         return render_request(request)

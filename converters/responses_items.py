@@ -47,6 +47,7 @@ from converters.canonical import (
     ToolCallPart,
     ToolResultPart,
 )
+from converters.delta import ListReuse
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 STATEFUL = "needs state stored by the server, which this proxy does not keep"
@@ -73,24 +74,33 @@ def rest(obj: Mapping[str, Any], *consumed: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------- parse
 
 
-def parse_input(raw: Any, sink: UnknownFields) -> tuple[tuple[Message, ...], list[Carrier]]:
-    """Input items as messages, plus the ``additional_tools`` items (raw) and their indices in ``input``."""
+def parse_input(
+    raw: Any, sink: UnknownFields, reuse: ListReuse | None = None
+) -> tuple[tuple[Message, ...], list[Carrier]]:
+    """Input items as messages, plus the ``additional_tools`` items (raw) and their indices in ``input``. Each item
+    parses on its own (merging is a pass over the parsed items): those the session's previous request held come
+    from ``reuse``."""
     if isinstance(raw, str):
         return (Message("user", (TextPart(raw),), wire_state({"source": "input_string"})),), []
     if not isinstance(raw, list):
         raise invalid("body.input: field required (a string or an array of input items)", "input")
-    pieces: list[Message] = []
-    carriers: list[Carrier] = []
-    for i, item in enumerate(raw):
-        where = f"body.input[{i}]"
-        if not isinstance(item, dict):
-            raise invalid(f"{where}: expected an object, got {type(item).__name__}", "input")
-        kind = item.get("type", "message")
-        if kind == "additional_tools":
-            carriers.append((i, item))
-        else:
-            pieces.append(_parse_item(kind, item, where, sink))
+    parsed = reuse.items(raw, lambda item, i: _parse_one(item, i, sink)) if reuse is not None else None
+    if parsed is None:
+        parsed = [_parse_one(item, i, sink) for i, item in enumerate(raw)]
+    pieces = [p for p in parsed if isinstance(p, Message)]
+    carriers = [(i, p[1]) for i, p in enumerate(parsed) if not isinstance(p, Message)]
     return _merge_assistant(pieces), carriers
+
+
+def _parse_one(item: Any, i: int, sink: UnknownFields) -> Message | tuple[str, Mapping[str, Any]]:
+    """One input item: its message, or an ``additional_tools`` item kept raw (tagged)."""
+    where = f"body.input[{i}]"
+    if not isinstance(item, dict):
+        raise invalid(f"{where}: expected an object, got {type(item).__name__}", "input")
+    kind = item.get("type", "message")
+    if kind == "additional_tools":
+        return ("additional_tools", item)
+    return _parse_item(kind, item, where, sink)
 
 
 def _parse_item(kind: Any, item: Mapping[str, Any], where: str, sink: UnknownFields) -> Message:

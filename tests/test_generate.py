@@ -423,6 +423,8 @@ async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the
         # the row's request text reused the session's previous request for its history (1 + 3 + 5 messages), and
         # what it holds of the session goes when the session closes
         assert gen.canonical_json.reused == 9 and gen.canonical_json.sessions_held == 1
+        # and the same history was neither decoded nor parsed again (converters.delta): 16 messages, 7 new
+        assert stats.items == {"parsed": 7, "reused": 9}
         sessions.close("s1")
         assert gen.canonical_json.sessions_held == 0
     await server.close()

@@ -13,9 +13,11 @@ final event (or the whole non-streaming body) is written to the client, so a tur
 lost. Blocking work — tokenizer rendering, WAL appends — runs in threads, never on the event loop.
 
 Worker-thread hops per call (a hop costs ~150 us of CPU on an idle loop, ~50 us each among 32 at once: the
-executor's queue, a thread's wake-up, the loop's): two. The first parses and plans (the splice plan, and the prompt
-as the engine's JSON formatted from the session's previous prompt, so only new ids), hands the plan to the loop at
-once (the engine is asked while the thread goes on) and then builds the row's first half
+executor's queue, a thread's wake-up, the loop's): two. The first parses (against the session's previous
+request: only the conversation items after the first changed byte are decoded and parsed, :mod:`converters.delta`)
+and plans (the splice plan, and the prompt as the engine's JSON formatted from the session's previous prompt, so only
+new ids), hands the plan to the loop at once (the engine is asked while the thread goes on) and then builds the row's
+first half
 (:mod:`addon.generation.recording`: request JSON + zstd, prompt ids packed) alongside the engine. The second, after
 the engine, adds the session-graph node, finishes the row and appends it durably.
 
@@ -62,6 +64,7 @@ from converters.canonical import (
     Usage,
     completion_events,
 )
+from converters.delta import ListReuse
 
 BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends here."
 
@@ -168,9 +171,14 @@ class Generator:
         """In a worker thread: the canonical request (a ConversionError here is a bad request, raised), then its
         splice plan and engine prompt text, or the ConversionError that refused the plan (raised later, once the
         call is counted in its session, so it is recorded as a call)."""
-        request = dialect.parse_request(body, info.route, info.headers, self.fields)
+        reuse = ListReuse(state.request_memo)
+        request = dialect.parse_request(body, info.route, info.headers, self.fields, reuse=reuse)
+        auxiliary = auxiliary_reason(request) is not None
+        if not auxiliary:  # a side call (a title, a summary) is not what the session's next call extends
+            state.request_memo = reuse.memo()
+        self.stats.items_parsed(len(request.messages), reuse.reused)
         try:
-            return request, _plan_locked(state, request, self.splicer, auxiliary_reason(request) is not None)
+            return request, _plan_locked(state, request, self.splicer, auxiliary)
         except ConversionError as err:
             return request, err
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from addon.generation.lineage import Context, SplicePlan
 from addon.records import token_ids
+from converters.delta import ListMemo
 
 if TYPE_CHECKING:
     from converters.canonical import FinishReason, Message
@@ -72,6 +73,9 @@ class SessionState:
     # The last prompt sent to the engine and its JSON list, so the next call formats only its new ids
     # (token_ids.JsonIds.extending): ~6 bytes of text per id, dropped with the graph.
     engine_prompt: token_ids.JsonIds | None = field(default=None, repr=False)
+    # The last main request's body and its conversation items as parsed, so the next call decodes and parses only
+    # the items after the first byte that changed (converters.delta): about the conversation's size in bytes.
+    request_memo: ListMemo | None = field(default=None, repr=False)
 
     def node(self, call_id: str) -> CallNode | None:
         return next((n for n in reversed(self.nodes) if n.call_id == call_id), None)

@@ -1,12 +1,14 @@
 """Proxy statistics for the admin surface: calls, errors by kind, calls/s and p50/p99 proxy overhead.
 
-Contract: one :class:`Stats` per proxy process, touched only from the event loop. Overhead is the proxy's own time
+Contract: one :class:`Stats` per proxy process, touched only from the event loop (but :meth:`items_parsed`, called
+from the parsing threads under its own lock). Overhead is the proxy's own time
 per call — parsing and rendering before the engine is asked, plus finishing after the engine's last token — kept in
 a bounded window so memory stays flat however long the proxy runs.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, deque
 from typing import Any
@@ -32,6 +34,9 @@ class Stats:
         self.missing_logprob_tokens = 0  # sampled tokens the engine sent no logprob for (recorded as NaN)
         self.missing_logprob_calls = 0
         self.splices: Counter[str] = Counter()  # "extends" or the fork reason of each spliced call
+        # conversation items of the requests parsed, and those taken from the session's previous request
+        self.items = {"parsed": 0, "reused": 0}
+        self._items_lock = threading.Lock()
         self._overhead_in: deque[float] = deque(maxlen=window)
         self._overhead_out: deque[float] = deque(maxlen=window)
         self._done_at: deque[float] = deque(maxlen=window)
@@ -56,6 +61,11 @@ class Stats:
         self.missing_logprob_tokens += tokens
         self.missing_logprob_calls += 1
 
+    def items_parsed(self, total: int, reused: int) -> None:
+        with self._items_lock:
+            self.items["parsed"] += total - reused
+            self.items["reused"] += reused
+
     def error(self, kind: str) -> None:
         self.errors[kind] += 1
 
@@ -72,6 +82,7 @@ class Stats:
             "errors": dict(self.errors),
             "missing_logprobs": {"tokens": self.missing_logprob_tokens, "calls": self.missing_logprob_calls},
             "splice": dict(self.splices),
+            "request_items": dict(self.items),
             "fork_ratio": round(self._forks() / max(1, sum(self.splices.values())), 4),
             "overhead_ms": {
                 "p50": round(_percentile(total, 0.5) * 1e3, 3),
