@@ -20,7 +20,10 @@ key by key in the decoder's own order, is exactly ``{ "key": value, ... }`` with
 ``Raw`` says (duplicate keys, escaped key names or anything unusual fail the walk and give no memo). An item is a
 pure function of its bytes for every format here (Chat's tool results take their call's kind from earlier items:
 the converter re-derives that, see ``converters.chat``), so equal bytes at the same position parse to an equal item.
-The reused item is the very object parsed before: callers may test identity first.
+The reused item is the very object parsed before: callers may test identity first. The other top-level fields keep
+their decoded values when their bytes are unchanged (those before the list always are): the decoded objects are
+shared from call to call, which is safe because nothing downstream mutates a decoded request (the converters build
+new objects from it).
 
 Any decode error, an unverifiable layout, or no previous memo: the body is decoded whole by
 :func:`~converters.base.load_json_object` (its errors and its fallbacks are the caller's), and no item is reused.
@@ -68,6 +71,9 @@ class ListMemo:
     opening: int  # the offset of the list's ``[``
     ends: tuple[int, ...]
     results: tuple[Any, ...]
+    # every other top-level field, in order: its bytes and its decoded value; the first ``head`` precede the list
+    fields: tuple[tuple[str, bytes, Any], ...] = ()
+    head: int = 0
     values: tuple[tuple[str, bytes, Any], ...] = ()  # a top-level field's bytes and what they were parsed into
 
 
@@ -82,7 +88,9 @@ class ListReuse:
         self._opening = 0
         self._ends: tuple[int, ...] | None = None  # None: this body's layout is unknown, no memo
         self._results: tuple[Any, ...] | None = None
-        self._raws: dict[str, bytes] = {}  # each top-level field's bytes, when the layout was verified
+        self._fields: tuple[tuple[str, bytes, Any], ...] = ()  # the other top-level fields (see ListMemo)
+        self._head = 0
+        self.parsed = 0  # items parsed (not reused)
         self._values: list[tuple[str, bytes, Any]] = []
 
     def load(self, body: bytes | Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -97,7 +105,7 @@ class ListReuse:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
             found = None
         if found is None:
-            self.reused, self._ends, self._raws = 0, None, {}
+            self.reused, self._ends, self._fields = 0, None, ()
             return load_json_object(body)
         return found
 
@@ -114,12 +122,13 @@ class ListReuse:
         if after_reused is not None:
             after_reused(done)
         done.extend(parse_one(item, i) for i, item in enumerate(raw[n:], n))
+        self.parsed = len(done) - n
         self._results = tuple(done)
         return done
 
     def value(self, name: str, parse: Callable[[], T]) -> T:
         """``parse()`` of the top-level field ``name``, or the previous request's result when its bytes are equal."""
-        raw = self._raws.get(name)
+        raw = next((v for k, v, _ in self._fields if k == name), None)
         if raw is not None and self.previous is not None:
             for key, before, parsed in self.previous.values:
                 if key == name and before == raw:
@@ -134,7 +143,16 @@ class ListReuse:
         """What the next call of the session compares with; None when this body gave nothing to compare."""
         if self._key is None or self._ends is None or self._results is None or len(self._results) != len(self._ends):
             return None
-        return ListMemo(self._key, self._body, self._opening, self._ends, self._results, tuple(self._values))
+        return ListMemo(
+            self._key,
+            self._body,
+            self._opening,
+            self._ends,
+            self._results,
+            self._fields,
+            self._head,
+            tuple(self._values),
+        )
 
     # --------------------------------------------------------------------------------------------------- decode
 
@@ -163,23 +181,27 @@ class ListReuse:
         j = self._shared(body)
         if j == 0:
             return None
-        prev, opening = self.previous.body, self.previous.opening
+        opening = self.previous.opening
         cut = self.previous.ends[j - 1]
         after = _WS.match(body, cut).end()  # type: ignore[union-attr]
         if body[after : after + 1] not in (b",", b"]"):  # item j-1 goes on here (a number: 1 then 1.5)
             return None
-        head_layout = _walk(prev[:opening] + b"[]}")  # the bytes before the list: the same as the previous body's
-        if head_layout is None:
-            return None
-        head = {k: _value(v) for k, (_, v) in head_layout.items()}
         lead = b'{"' + key.encode() + b'":[0'  # a stand-in first item, then the rest of this body's list
         synthetic = lead + body[cut:]
         layout = _walk(synthetic)
         if layout is None or next(iter(layout)) != key:
             return None
         offset, raw_list = layout[key]
-        tail = {k: _value(v) for k, (_, v) in layout.items() if k != key}
-        if set(tail) & (set(head) - {key}):
+        # the fields before the list are the previous body's bytes; a field after it whose bytes are unchanged (the
+        # tools, sampling options) keeps its decoded value too: nothing downstream mutates a decoded request
+        head = self.previous.fields[: self.previous.head]
+        before = {name: (raw, value) for name, raw, value in self.previous.fields}
+        tail = tuple(
+            (k, v, before[k][1] if k in before and before[k][0] == v else _value(v))
+            for k, (_, v) in layout.items()
+            if k != key
+        )
+        if {k for k, _, _ in tail} & {k for k, _, _ in head}:
             return None
         new_raw = _list(raw_list)[1:]
         new_ends = _item_ends(synthetic, offset + 2, new_raw, after_item=True)  # past '[' and the stand-in '0'
@@ -187,11 +209,11 @@ class ListReuse:
             return None
         shift = cut - len(lead)
         self.reused, self._opening = j, opening
-        self._raws = {k: v for part in (head_layout, layout) for k, (_, v) in part.items() if k != key}
+        self._fields, self._head = head + tail, len(head)
         self._ends = self.previous.ends[:j] + tuple(e + shift for e in new_ends)
-        obj = {k: (v if k != key else None) for k, v in head.items()}
-        obj.update(tail)
+        obj: dict[str, Any] = {k: v for k, _, v in head}
         obj[key] = [REUSED] * j + [_value(r) for r in new_raw]
+        obj.update((k, v) for k, _, v in tail)
         return obj
 
     def _load_whole(self, body: bytes, key: str) -> dict[str, Any] | None:
@@ -208,7 +230,8 @@ class ListReuse:
                 return None
             self._opening, self._ends = offset, ends
             obj = {k: (obj[k] if k != key else [_value(r) for r in raw_items]) for k in layout}
-        self._raws = {k: v for k, (_, v) in layout.items() if k != key}
+            self._head = list(layout).index(key)
+        self._fields = tuple((k, v, obj[k]) for k, (_, v) in layout.items() if k != key)
         return obj
 
 

@@ -205,6 +205,23 @@ def test_tools_are_parsed_again_when_their_bytes_change() -> None:
     assert isinstance(third, ModelRequest) and third.tools[0] is second.tools[0]
 
 
+def test_unchanged_fields_keep_their_decoded_values_and_changed_ones_are_decoded() -> None:
+    def body(temperature: float) -> bytes:
+        return json.dumps(
+            {"system": [{"x": 1}], "messages": [{"role": "user"}], "tools": [{"a": 1}], "temperature": temperature}
+        ).encode()
+
+    one = ListReuse()
+    first = one.load(body(0.5), "messages")
+    one.items(first["messages"], lambda item, i: item)
+    two = ListReuse(one.memo())
+    second = two.load(body(0.7), "messages")
+    assert two.reused == 1 and second == json.loads(body(0.7)) | {"messages": [REUSED]}
+    assert list(second) == ["system", "messages", "tools", "temperature"]  # the body's own order
+    assert second["system"] is first["system"] and second["tools"] is first["tools"]
+    assert second["temperature"] == 0.7
+
+
 def test_a_mapping_body_is_taken_as_it_is() -> None:
     reuse = ListReuse()
     body = {"model": "m", "messages": [{"role": "user", "content": "a"}]}

@@ -176,7 +176,7 @@ class Generator:
         auxiliary = auxiliary_reason(request) is not None
         if not auxiliary:  # a side call (a title, a summary) is not what the session's next call extends
             state.request_memo = reuse.memo()
-        self.stats.items_parsed(len(request.messages), reuse.reused)
+        self.stats.items_parsed(reuse.parsed, reuse.reused)
         try:
             return request, _plan_locked(state, request, self.splicer, auxiliary)
         except ConversionError as err:

@@ -61,9 +61,9 @@ class Stats:
         self.missing_logprob_tokens += tokens
         self.missing_logprob_calls += 1
 
-    def items_parsed(self, total: int, reused: int) -> None:
+    def items_parsed(self, parsed: int, reused: int) -> None:
         with self._items_lock:
-            self.items["parsed"] += total - reused
+            self.items["parsed"] += parsed
             self.items["reused"] += reused
 
     def error(self, kind: str) -> None:
