@@ -381,7 +381,7 @@ class AnthropicDialect(Dialect):
         *,
         reuse: ListReuse | None = None,
     ) -> ModelRequest:
-        obj = reuse.load(body, "messages") if reuse is not None else load_json_object(body)
+        obj = reuse.load(body, "messages", "anthropic") if reuse is not None else load_json_object(body)
         return parse_body(obj, headers or {}, fields or UnknownFields(), reuse)
 
     def render_request(self, request: ModelRequest) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def parse_chat_request(
     reuse: ListReuse | None = None,
 ) -> ModelRequest:
     """The whole request, as a short pipeline of the helpers below."""
-    obj = reuse.load(body, "messages") if reuse is not None else load_json_object(body)
+    obj = reuse.load(body, "messages", "chat") if reuse is not None else load_json_object(body)
     fields.check("chat", obj, _KNOWN)
     for key, why in _REJECTED.items():
         if obj.get(key) is not None:

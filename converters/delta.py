@@ -7,7 +7,7 @@ Contract
 Sans-IO. A harness resends the whole conversation on every call, so a session's requests share a long byte prefix:
 everything up to the end of the last item the previous call held. :class:`ListMemo` is what one call leaves for the
 next (its body, where each of its list's items ends, and what each item was parsed into); :class:`ListReuse` is
-one call's view: ``load(body, key)`` returns the body's top-level object with ``obj[key]`` a list whose first
+one call's view: ``load(body, key, scope)`` returns the body's top-level object with ``obj[key]`` a list whose first
 ``reused`` entries are :data:`REUSED` (their decoded value is not built), and ``items(obj[key], parse_one)`` returns
 the parsed items, the reused ones from the memo; ``value(name, parse)`` does the same for one other top-level field
 (the tools: a harness sends the same ones every call), taken when its bytes equal the previous request's. ``memo()``
@@ -66,6 +66,7 @@ _WS = re.compile(rb"[ \t\n\r]*")
 class ListMemo:
     """One request's list field: the body, the offset just past each item, and each item's parse."""
 
+    scope: str  # the format that parsed it: the same bytes parse differently in another format
     key: str
     body: bytes
     opening: int  # the offset of the list's ``[``
@@ -84,6 +85,7 @@ class ListReuse:
         self.previous = previous
         self.reused = 0
         self._key: str | None = None
+        self._scope = ""
         self._body = b""
         self._opening = 0
         self._ends: tuple[int, ...] | None = None  # None: this body's layout is unknown, no memo
@@ -93,13 +95,14 @@ class ListReuse:
         self.parsed = 0  # items parsed (not reused)
         self._values: list[tuple[str, bytes, Any]] = []
 
-    def load(self, body: bytes | Mapping[str, Any], key: str) -> Mapping[str, Any]:
-        """The body's top-level object; ``obj[key]``'s first :attr:`reused` entries are :data:`REUSED`."""
+    def load(self, body: bytes | Mapping[str, Any], key: str, scope: str) -> Mapping[str, Any]:
+        """The body's top-level object; ``obj[key]``'s first :attr:`reused` entries are :data:`REUSED`. ``scope``
+        names the parser (the wire format): a memo is reused only by the same one."""
         if isinstance(body, Mapping) or not isinstance(body, bytes):
             return load_json_object(body)
-        self._key, self._body = key, body
+        self._key, self._scope, self._body = key, scope, body
         try:
-            found = self._load_suffix(body, key) if self._can_reuse(key) else None
+            found = self._load_suffix(body, key) if self._can_reuse(key, scope) else None
             if found is None:
                 found = self._load_whole(body, key)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
@@ -144,6 +147,7 @@ class ListReuse:
         if self._key is None or self._ends is None or self._results is None or len(self._results) != len(self._ends):
             return None
         return ListMemo(
+            self._scope,
             self._key,
             self._body,
             self._opening,
@@ -156,9 +160,9 @@ class ListReuse:
 
     # --------------------------------------------------------------------------------------------------- decode
 
-    def _can_reuse(self, key: str) -> bool:
+    def _can_reuse(self, key: str, scope: str) -> bool:
         p = self.previous
-        return p is not None and p.key == key and bool(p.ends) and len(p.results) == len(p.ends)
+        return p is not None and (p.scope, p.key) == (scope, key) and bool(p.ends) and len(p.results) == len(p.ends)
 
     def _shared(self, body: bytes) -> int:
         """How many of the previous body's leading items this body holds, byte for byte, at the same offsets."""

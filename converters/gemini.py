@@ -377,7 +377,7 @@ def parse_request(
     """A Gemini request body -> ModelRequest (see the module docstring for the mapping). ``reuse``: the session's
     previous request's contents (:mod:`converters.delta`; each content parses on its own)."""
     fields = fields if fields is not None else UnknownFields()
-    obj = _camel(reuse.load(body, "contents") if reuse is not None else load_json_object(body))
+    obj = _camel(reuse.load(body, "contents", "gemini") if reuse is not None else load_json_object(body))
     if not route.model:
         raise ConversionError("not_found", f"no model in the route {route.path!r}")
     fields.check("body", obj, _BODY_KEYS)

@@ -109,7 +109,7 @@ def parse_request(
     ``history`` is the conversation a ``previous_response_id`` refers to (the caller's own record of it);
     without it such a request is a 400. ``reuse``: the session's previous request's input items
     (:mod:`converters.delta`)."""
-    obj = reuse.load(body, "input") if reuse is not None else load_json_object(body)
+    obj = reuse.load(body, "input", "responses") if reuse is not None else load_json_object(body)
     sink = fields if fields is not None else UnknownFields()
     sink.check("body", obj, KNOWN_FIELDS)
     _reject_stateful(obj, history)

@@ -143,10 +143,10 @@ def test_items_after_the_first_changed_byte_are_parsed_again() -> None:
 def test_a_number_item_that_goes_on_is_not_taken_for_the_same() -> None:
     # [.., 1] then [.., 1.5]: the bytes up to the first item's end agree, the item does not
     one = ListReuse()
-    one.load(b'{"messages":[1]}', "messages")
+    one.load(b'{"messages":[1]}', "messages", "test")
     one.items([1], lambda item, i: item)
     two = ListReuse(one.memo())
-    obj = two.load(b'{"messages":[1.5]}', "messages")
+    obj = two.load(b'{"messages":[1.5]}', "messages", "test")
     assert two.reused == 0 and obj["messages"] == [1.5]
 
 
@@ -161,7 +161,7 @@ def test_a_number_item_that_goes_on_is_not_taken_for_the_same() -> None:
 )
 def test_an_unusual_layout_decodes_as_the_standard_decoder_does(body: bytes) -> None:
     reuse = ListReuse()
-    obj = reuse.load(body, "messages")
+    obj = reuse.load(body, "messages", "test")
     assert obj == json.loads(body)
     reuse.items(obj.get("messages", []), lambda item, i: item)
     memo = reuse.memo()
@@ -212,28 +212,42 @@ def test_unchanged_fields_keep_their_decoded_values_and_changed_ones_are_decoded
         ).encode()
 
     one = ListReuse()
-    first = one.load(body(0.5), "messages")
+    first = one.load(body(0.5), "messages", "test")
     one.items(first["messages"], lambda item, i: item)
     two = ListReuse(one.memo())
-    second = two.load(body(0.7), "messages")
+    second = two.load(body(0.7), "messages", "test")
     assert two.reused == 1 and second == json.loads(body(0.7)) | {"messages": [REUSED]}
     assert list(second) == ["system", "messages", "tools", "temperature"]  # the body's own order
     assert second["system"] is first["system"] and second["tools"] is first["tools"]
     assert second["temperature"] == 0.7
 
 
+def test_a_memo_is_not_reused_by_another_format() -> None:
+    # the same bytes are a Chat and an Anthropic message list; each format parses them its own way
+    tool_use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": [tool_use]}]}
+    chat = ListReuse()
+    assert isinstance(parse("chat", json.dumps(body).encode(), chat), str)  # a tool_use block is not Chat
+    first = ListReuse()
+    assert isinstance(parse("anthropic", json.dumps(body).encode(), first), ModelRequest)
+    again = body | {"messages": body["messages"] + [{"role": "user", "content": "next"}]}
+    second = ListReuse(first.memo())
+    assert parse("chat", json.dumps(again).encode(), second) == parse("chat", json.dumps(again).encode())
+    assert second.reused == 0
+
+
 def test_a_mapping_body_is_taken_as_it_is() -> None:
     reuse = ListReuse()
     body = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
-    assert reuse.load(body, "messages") is body
+    assert reuse.load(body, "messages", "test") is body
     assert reuse.memo() is None
 
 
 def test_reused_items_are_placeholders_until_parsed() -> None:
     one = ListReuse()
-    one.items(one.load(b'{"input":[{"type":"message","role":"user","content":"a"}]}', "input")["input"], _tag)
+    one.items(one.load(b'{"input":[{"type":"message","role":"user","content":"a"}]}', "input", "test")["input"], _tag)
     two = ListReuse(one.memo())
-    obj = two.load(b'{"input":[{"type":"message","role":"user","content":"a"}, {"x": 1}]}', "input")
+    obj = two.load(b'{"input":[{"type":"message","role":"user","content":"a"}, {"x": 1}]}', "input", "test")
     assert obj["input"] == [REUSED, {"x": 1}]
     assert two.items(obj["input"], _tag) == [("parsed", 0), ("parsed", 1)]
 
@@ -245,7 +259,7 @@ def _tag(item: Any, i: int) -> tuple[str, int]:
 
 def test_an_auxiliary_list_key_gives_no_memo() -> None:
     reuse = ListReuse()
-    obj = reuse.load(b'{"input":"just text"}', "input")
+    obj = reuse.load(b'{"input":"just text"}', "input", "test")
     assert obj == {"input": "just text"}
     assert reuse.memo() is None
     assert isinstance(parse("responses", b'{"model":"m","input":"hi"}', reuse), ModelRequest)
