@@ -34,7 +34,7 @@ from typing import Any
 
 from converters import anthropic_render, anthropic_stream
 from converters.anthropic_render import EXTRA_FIELDS, invalid
-from converters.base import Dialect, Route, StreamEncoder, UnknownFields, dumps, expect, load_json_object
+from converters.base import Dialect, ItemReuse, Route, StreamEncoder, UnknownFields, dumps, expect, load_json_object
 from converters.canonical import (
     Completion,
     ConversionError,
@@ -60,7 +60,6 @@ from converters.canonical import (
     ToolSpec,
     WireResponse,
 )
-from converters.delta import ListReuse
 
 # ----------------------------------------------------------------------------------------------- vocabulary
 
@@ -96,7 +95,7 @@ _LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]+)$")
 
 
 def parse_body(
-    obj: Mapping[str, Any], headers: Mapping[str, str], fields: UnknownFields, reuse: ListReuse | None = None
+    obj: Mapping[str, Any], headers: Mapping[str, str], fields: UnknownFields, reuse: ItemReuse | None = None
 ) -> ModelRequest:
     """The whole request, as a short pipeline of named steps."""
     fields.check("body", obj, TOP_LEVEL | REJECTED_TOP.keys())
@@ -145,7 +144,7 @@ def text_parts(content: Any, where: str, fields: UnknownFields) -> tuple[Part, .
     return parts
 
 
-def parse_messages(messages: list[Any], fields: UnknownFields, reuse: ListReuse | None = None) -> tuple[Message, ...]:
+def parse_messages(messages: list[Any], fields: UnknownFields, reuse: ItemReuse | None = None) -> tuple[Message, ...]:
     """Each message on its own (none depends on another): those the session's previous request held come from
     ``reuse``."""
     if reuse is not None:
@@ -379,7 +378,7 @@ class AnthropicDialect(Dialect):
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
         *,
-        reuse: ListReuse | None = None,
+        reuse: ItemReuse | None = None,
     ) -> ModelRequest:
         obj = reuse.load(body, "messages", "anthropic") if reuse is not None else load_json_object(body)
         return parse_body(obj, headers or {}, fields or UnknownFields(), reuse)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import msgspec
 
@@ -76,14 +76,22 @@ class UnknownFields:
         return frozenset(self._seen)
 
 
+T = TypeVar("T")
+
+
 class ItemReuse(Protocol):
     """What a dialect needs of :class:`converters.delta.ListReuse` (which imports this module)."""
 
     def load(self, body: bytes | Mapping[str, Any], key: str, scope: str) -> Mapping[str, Any]: ...
 
-    def items(self, raw: Any, parse_one: Any, after_reused: Any = None) -> list[Any]: ...
+    def items(
+        self,
+        raw: Sequence[Any],
+        parse_one: Callable[[Any, int], T],
+        after_reused: Callable[[Sequence[T]], None] | None = None,
+    ) -> list[T]: ...
 
-    def value(self, name: str, parse: Any) -> Any: ...
+    def value(self, name: str, parse: Callable[[], T]) -> T: ...
 
 
 class StreamEncoder(ABC):

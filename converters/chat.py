@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from converters.base import Dialect, Route, UnknownFields, expect, load_json_object
+from converters.base import Dialect, ItemReuse, Route, UnknownFields, expect, load_json_object
 from converters.canonical import (
     Completion,
     ConversionError,
@@ -60,7 +60,6 @@ from converters.canonical import (
 )
 from converters.chat_render import render_chat_request
 from converters.chat_stream import ChatStreamEncoder, render_completion_body, render_error_response
-from converters.delta import ListReuse
 
 # Fields kept verbatim in ModelRequest.extras: accepted, recorded, not interpreted.
 _EXTRAS = tuple(
@@ -102,7 +101,7 @@ def parse_chat_request(
     body: bytes | Mapping[str, Any],
     headers: Mapping[str, str] | None,
     fields: UnknownFields,
-    reuse: ListReuse | None = None,
+    reuse: ItemReuse | None = None,
 ) -> ModelRequest:
     """The whole request, as a short pipeline of the helpers below."""
     obj = reuse.load(body, "messages", "chat") if reuse is not None else load_json_object(body)
@@ -141,7 +140,7 @@ def _include_usage(obj: Mapping[str, Any], fields: UnknownFields) -> bool:
     return bool(expect(options, "include_usage", bool, "stream_options"))
 
 
-def _parse_messages(raw: list[Any], fields: UnknownFields, reuse: ListReuse | None = None) -> tuple[Message, ...]:
+def _parse_messages(raw: list[Any], fields: UnknownFields, reuse: ItemReuse | None = None) -> tuple[Message, ...]:
     """A tool result takes the kind of the call it answers, from the messages before it: those ``reuse`` gives back
     (always a leading run) were parsed after the same messages, and their calls' kinds are read off them."""
     if not raw:
@@ -422,7 +421,7 @@ class ChatDialect(Dialect):
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
         *,
-        reuse: ListReuse | None = None,
+        reuse: ItemReuse | None = None,
     ) -> ModelRequest:
         return parse_chat_request(body, headers, fields if fields is not None else UnknownFields(), reuse)
 

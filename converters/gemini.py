@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from converters.base import Dialect, Route, StreamEncoder, UnknownFields, dumps, expect, load_json_object
+from converters.base import Dialect, ItemReuse, Route, StreamEncoder, UnknownFields, dumps, expect, load_json_object
 from converters.canonical import (
     Completion,
     ConversionError,
@@ -53,7 +53,6 @@ from converters.canonical import (
     ToolSpec,
     WireResponse,
 )
-from converters.delta import ListReuse
 from converters.gemini_render import RECORDED_KEYS, SAMPLING_KEYS, render_request, render_tool_config
 from converters.gemini_stream import GeminiStreamEncoder, render_completion, render_error
 
@@ -372,7 +371,7 @@ def parse_request(
     route: Route,
     headers: Mapping[str, str] | None = None,
     fields: UnknownFields | None = None,
-    reuse: ListReuse | None = None,
+    reuse: ItemReuse | None = None,
 ) -> ModelRequest:
     """A Gemini request body -> ModelRequest (see the module docstring for the mapping). ``reuse``: the session's
     previous request's contents (:mod:`converters.delta`; each content parses on its own)."""
@@ -433,7 +432,7 @@ class GeminiDialect(Dialect):
         headers: Mapping[str, str] | None = None,
         fields: UnknownFields | None = None,
         *,
-        reuse: ListReuse | None = None,
+        reuse: ItemReuse | None = None,
     ) -> ModelRequest:
         return parse_request(body, route, headers, fields, reuse)
 

@@ -34,7 +34,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from converters.base import Dialect, Route, StreamEncoder, UnknownFields, expect, load_json_object
+from converters.base import Dialect, ItemReuse, Route, StreamEncoder, UnknownFields, expect, load_json_object
 from converters.canonical import (
     Completion,
     ConversionError,
@@ -56,7 +56,6 @@ from converters.canonical import (
     WireFormat,
     WireResponse,
 )
-from converters.delta import ListReuse
 from converters.responses_items import (
     STATEFUL,
     invalid,
@@ -102,7 +101,7 @@ def parse_request(
     fields: UnknownFields | None = None,
     *,
     history: Sequence[Message] | None = None,
-    reuse: ListReuse | None = None,
+    reuse: ItemReuse | None = None,
 ) -> ModelRequest:
     """A Responses request body as a canonical request.
 
@@ -405,7 +404,7 @@ class ResponsesDialect(Dialect):
         fields: UnknownFields | None = None,
         *,
         history: Sequence[Message] | None = None,
-        reuse: ListReuse | None = None,
+        reuse: ItemReuse | None = None,
     ) -> ModelRequest:
         return parse_request(body, route, headers, fields, history=history, reuse=reuse)
 

@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from converters.base import UnknownFields, expect
+from converters.base import ItemReuse, UnknownFields, expect
 from converters.canonical import (
     ConversionError,
     ImagePart,
@@ -47,7 +47,6 @@ from converters.canonical import (
     ToolCallPart,
     ToolResultPart,
 )
-from converters.delta import ListReuse
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 STATEFUL = "needs state stored by the server, which this proxy does not keep"
@@ -75,7 +74,7 @@ def rest(obj: Mapping[str, Any], *consumed: str) -> dict[str, Any]:
 
 
 def parse_input(
-    raw: Any, sink: UnknownFields, reuse: ListReuse | None = None
+    raw: Any, sink: UnknownFields, reuse: ItemReuse | None = None
 ) -> tuple[tuple[Message, ...], list[Carrier]]:
     """Input items as messages, plus the ``additional_tools`` items (raw) and their indices in ``input``. Each item
     parses on its own (merging is a pass over the parsed items): those the session's previous request held come
