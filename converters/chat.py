@@ -152,18 +152,15 @@ def _parse_messages(raw: list[Any], fields: UnknownFields, reuse: ItemReuse | No
         if not isinstance(m, dict):
             raise _bad(where, f"expected object, got {type(m).__name__}")
         message = _parse_message(m, where, call_kinds, fields)
-        call_kinds.update({p.id: p.kind for p in message.parts if isinstance(p, ToolCallPart)})
+        note_calls((message,))
         return message
+
+    def note_calls(messages: Sequence[Message]) -> None:
+        call_kinds.update({p.id: p.kind for m in messages for p in m.parts if isinstance(p, ToolCallPart)})
 
     if reuse is None:
         return tuple(one(m, i) for i, m in enumerate(raw))
-
-    def after(reused: Sequence[Message]) -> None:
-        for message in reused:
-            if message.role == "assistant":
-                call_kinds.update({p.id: p.kind for p in message.parts if isinstance(p, ToolCallPart)})
-
-    return tuple(reuse.items(raw, one, after))
+    return tuple(reuse.items(raw, one, note_calls))
 
 
 def _parse_message(m: Mapping[str, Any], where: str, call_kinds: dict[str, Kind], fields: UnknownFields) -> Message:
