@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
-from mitmproxy.proxy.mode_specs import ReverseMode
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
 # mitmdump loads this file as a script; make the repository importable when harnessrl is not pip-installed.
 _ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,7 @@ from addon.generation.sessions import SESSION_HEADER  # noqa: E402
 from addon.records.store import RecordStoreError  # noqa: E402
 from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
 from addon.serving.config import OPTIONS, CaptureConfig, add_options  # noqa: E402
+from addon.serving.lean_chain import idle_addons, woken  # noqa: E402
 from addon.serving.runtime import Runtime  # noqa: E402
 from addon.serving.server import (  # noqa: E402
     CALL_PATH,
@@ -100,6 +101,7 @@ class Capture:
         self._unavailable: str | None = None  # why calls get a 503 now (a failed start-up, shutting down)
         self._waiting = 0  # calls waiting for start-up to end
         self._shared: asyncio.Server | None = None  # the SO_REUSEPORT listener (harnessrl_shared_port)
+        self._dropped: dict[str, tuple[str, ...]] = {}  # idle mitmproxy addons dropped at start-up, their options
 
     def load(self, loader) -> None:
         add_options(loader)
@@ -109,6 +111,14 @@ class Capture:
             server_log.addFilter(InternalHopLines())
 
     def configure(self, updated: set[str]) -> None:
+        if self._dropped and (names := woken(self._dropped, updated)):
+            options = sorted({o for n in names for o in self._dropped[n]}.intersection(updated))
+            log.error(
+                "harnessrl: %s changed after start-up, but mitmproxy's %s addon was dropped at start-up (idle then) "
+                "and stays off; restart with --set harnessrl_lean_chain=false to use it",
+                ", ".join(options),
+                ", ".join(names),
+            )
         if not any(name.startswith("harnessrl_") for name in updated):
             return
         try:
@@ -118,6 +128,8 @@ class Capture:
 
     async def running(self) -> None:
         assert self.config is not None
+        if self.config.lean_chain and not self._dropped:
+            self._dropped = drop_idle_addons(ctx.master.addons, ctx.options)
         try:
             if self.config.shared_port:
                 await self._listen_shared(self.config.shared_port)
@@ -312,6 +324,34 @@ _LIBRARY_AGENT = re.compile(
     rb"|node/|axios/|undici|okhttp/|go-http-client/|curl/)",
     re.IGNORECASE,
 )
+
+
+def drop_idle_addons(manager, options) -> dict[str, tuple[str, ...]]:
+    """Remove the addons of mitmproxy's chain that cannot act with these options (:mod:`addon.serving.lean_chain`)
+    with ``AddonManager.remove``; what was removed, with the options that would have turned each on."""
+    modes = []
+    for spec in options.mode:
+        mode = ProxyMode.parse(spec)
+        modes.append((mode.type_name, mode.scheme if isinstance(mode, ReverseMode) else ""))
+    names = [getattr(a, "name", None) or type(a).__name__.lower() for a in manager.chain]  # mitmproxy's naming
+    dropped: dict[str, tuple[str, ...]] = {}
+    for name, turned_on_by in idle_addons(names, options.has_changed, modes).items():
+        addon = manager.get(name)
+        if addon is None:
+            continue
+        try:
+            manager.remove(addon)  # rebinds the chain: hooks in flight finish on the old one
+        except exceptions.AddonManagerError as e:  # an addon that cannot be removed stays: only a cost
+            log.info("harnessrl: mitmproxy's %s addon stays in the chain: %s", name, e)
+            continue
+        dropped[name] = turned_on_by
+    if dropped:
+        log.info(
+            "harnessrl: dropped %d idle mitmproxy addons from the chain (%s); harnessrl_lean_chain=false keeps them",
+            len(dropped),
+            ", ".join(dropped),
+        )
+    return dropped
 
 
 def fold_field_lines(fields: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:

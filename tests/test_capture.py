@@ -7,7 +7,8 @@ be exactly what the engine samples for the recorded prompt ids and sampling (rep
 Without any process (fast tier, mitmproxy's ``taddons``/``tflow``): repeated header field lines are folded so the
 internal server's aiohttp parser accepts what the vendors accept, ambiguous framing is refused in the caller's
 format, and a call that arrives while the runtime starts waits a bounded time, or gets a 503 at once when start-up
-failed. Through mitmdump on the FAKE engine: an Anthropic call with two ``User-Agent`` lines (hermes) is answered.
+failed; mitmdump's idle default addons leave its chain, those an option turns on stay and act. Through mitmdump on
+the FAKE engine: an Anthropic call with two ``User-Agent`` lines (hermes) is answered.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from google import genai
 from google.genai import types as gtypes
 from mitmproxy import http as mhttp
 from mitmproxy.net.http.http1 import assemble_request
+from mitmproxy.options import Options
+from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
 from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.tools.dump import DumpMaster
 
 from addon import capture as capture_module
 from addon import launch
@@ -716,3 +720,39 @@ async def test_mitmproxy_s_line_per_streamed_call_is_dropped_and_no_other(caplog
             server_log.info(f"Streaming response from {host}.")
         server_log.info("client connect")
     assert [r.getMessage() for r in caplog.records] == ["Streaming response from api.example.com.", "client connect"]
+
+
+# ------------------------------------------------- mitmdump's own addon chain, its idle addons dropped (lean_chain)
+def chain_names(master: DumpMaster) -> list[str]:
+    return [getattr(a, "name", None) or type(a).__name__.lower() for a in master.addons.chain]
+
+
+async def test_idle_default_addons_leave_mitmdump_s_chain_and_those_set_still_act(caplog) -> None:
+    master = DumpMaster(Options(), with_termlog=False)
+    master.options.update(flow_detail=0, modify_headers=["/~q/x-harnessrl-test/1"])  # ModifyHeaders on: it stays
+    before = chain_names(master)
+    with caplog.at_level(logging.INFO, logger="harnessrl.capture"):
+        dropped = capture_module.drop_idle_addons(master.addons, master.options)
+    after = chain_names(master)
+    assert after == [name for name in before if name not in dropped]
+    assert {"maplocal", "stickycookie", "dnsresolver", "updatealtsvc", "cut"} <= set(dropped)
+    assert {"proxyauth", "proxyserver", "scriptloader", "save", "dumper", "tlsconfig", "modifyheaders"} <= set(after)
+    assert len(after) < len(before) / 2
+    assert "export.file" in master.commands.commands  # a dropped addon's commands stay callable
+    assert any("harnessrl_lean_chain=false keeps them" in r.getMessage() for r in caplog.records)
+
+    flow = anthropic_flow()
+    await master.addons.handle_lifecycle(HttpRequestHeadersHook(flow))  # the trimmed chain still dispatches
+    assert flow.request.headers["x-harnessrl-test"] == "1"
+    assert capture_module.drop_idle_addons(master.addons, master.options) == {}  # a second pass finds none
+
+
+async def test_an_option_set_after_the_trim_says_its_addon_stays_off(caplog) -> None:
+    master = DumpMaster(Options(), with_termlog=False)
+    addon = Capture()
+    master.addons.add(addon)
+    addon._dropped = capture_module.drop_idle_addons(master.addons, master.options)
+    with caplog.at_level(logging.ERROR, logger="harnessrl.capture"):
+        master.options.update(anticache=True, flow_detail=1)
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "anticache changed after start-up" in error and "harnessrl_lean_chain=false" in error

@@ -74,6 +74,14 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ),
     ("harnessrl_shard_rows", int, 1000, "Rows per Parquet shard."),
     (
+        "harnessrl_lean_chain",
+        bool,
+        True,
+        "Drop mitmproxy's default addons that cannot act with the options given (map-local without a map, DNS addons "
+        "in an HTTP proxy...): mitmproxy calls each one for every hook of every flow (addon/serving/lean_chain.py). "
+        "false: keep mitmproxy's whole chain.",
+    ),
+    (
         "harnessrl_base_url",
         bool,
         True,
@@ -135,6 +143,7 @@ class CaptureConfig:
     workers: int = 1
     shared_port: int = 0
     peer_ports: tuple[int, ...] = ()
+    lean_chain: bool = True
 
     @classmethod
     def from_options(cls, options: Any) -> CaptureConfig:
@@ -208,6 +217,7 @@ class CaptureConfig:
             workers=o.harnessrl_workers,
             shared_port=o.harnessrl_shared_port,
             peer_ports=peer_ports,
+            lean_chain=o.harnessrl_lean_chain,
             tuning=ProcessTuning(
                 gc_young=o.harnessrl_gc_young,
                 malloc_arenas=o.harnessrl_malloc_arenas,
