@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from addon import launch
@@ -129,6 +132,24 @@ def test_replay_direct_completes_every_call(engine) -> None:
     scripts = [make_script(4, i, f, calls=3, scale=0.1) for i, f in enumerate(FORMATS)]
     log = asyncio.run(replay(Direct(engine.url), scripts, concurrency=4))
     assert len(log.completed()) == len(log.calls) == 12 and log.sessions == 4
+
+
+def test_plain_http_sessions_share_one_ssl_context(engine, monkeypatch) -> None:
+    """Regression: each plain-HTTP session's client loaded the CA bundle (42 ms on a slow VM), which stalled the
+    direct, base-URL and OpenEnv levels at 384 sessions; the proxied ones always shared a context."""
+    made: list[object] = []
+
+    class Recording(httpx.AsyncClient):  # the real client, its ``verify`` argument noted
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs.get("verify"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", Recording)
+    scripts = [make_script(5, i, f, calls=2, scale=0.1) for i, f in enumerate(FORMATS)]
+    log = asyncio.run(replay(Direct(engine.url), scripts, concurrency=4))
+    shared = [v for v in made if isinstance(v, ssl.SSLContext)]
+    assert len(log.completed()) == 8 and len(shared) == 4  # one client per session, all with the same context
+    assert all(v is shared[0] for v in shared) and len(made) <= 5  # (and the run's one admin client)
 
 
 def test_replay_through_the_proxy_is_recorded_and_extends_each_call(engine, smollm2_tokenizer_dir, tmp_path) -> None:
