@@ -128,7 +128,7 @@ class Capture:
 
     async def running(self) -> None:
         assert self.config is not None
-        if self.config.lean_chain and not self._dropped:
+        if self.config.lean_chain:
             self._dropped = drop_idle_addons(ctx.master.addons, ctx.options)
         try:
             if self.config.shared_port:

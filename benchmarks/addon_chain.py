@@ -9,7 +9,7 @@ read the ratio of one round.
 
 Usage (proxy env, from the repository root)::
 
-    python benchmarks/addon_chain.py [--hooks 3000] [--rounds 3]
+    python benchmarks/addon_chain.py [--flows 2000] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -137,10 +137,6 @@ class _Client:
     internal: bool = False  # post to the internal server's call route, naming the original path in a header
 
 
-def _plain_context() -> ssl.SSLContext:
-    return ssl.create_default_context()
-
-
 def _client(target: Target, session: str, index: int, contexts: list[ssl.SSLContext], timeout: float) -> _Client:
     """A session's own client; ``contexts``: one per proxy of a proxied target, else one shared (plain HTTP)."""
     limits = httpx.Limits(max_connections=2, max_keepalive_connections=1)
@@ -280,7 +276,10 @@ async def replay(
     # use, because a client made without one loads the CA bundle: 42 ms per session's client on this VM, which
     # stalled the replayer for ~16 s at the start of a 384-session level of the direct, base-URL and OpenEnv
     # targets (and ~12% of its CPU afterwards), never of the proxied ones.
-    contexts = [h.ssl_context() for h in target.proxies] if isinstance(target, Proxied) else [_plain_context()]
+    if isinstance(target, Proxied):
+        contexts = [h.ssl_context() for h in target.proxies]
+    else:
+        contexts = [ssl.create_default_context()]
     log = ReplayLog(sessions=0)
     deadline = time.monotonic() + duration_s if duration_s else None
     queue = list(scripts or [])
