@@ -9,7 +9,11 @@ Contract
   ``bash`` (tools every :mod:`benchmarks.sessions` session offers), then the end-of-turn id. Tokens are paced at
   ``token_rate`` tokens/s (0: no pacing) and sent one per chunk, or grouped as vLLM groups them for a request's
   ``stream_interval`` N (the first at once, then N per chunk, the rest with the last), in vLLM's exact chunk shape
-  (``token_ids``, ``logprobs.token_logprobs``, a usage chunk, ``[DONE]``).
+  (``token_ids``, ``logprobs.token_logprobs``, a usage chunk, ``[DONE]``). Pacing keeps a clock per answer
+  (:class:`Pace`): token k is due ``k / token_rate`` s after the answer starts, and a late wake-up sends what is due
+  at once, as a GPU engine's token clock runs on whatever the host does. (A sleep per token, as before, stretched
+  every answer by 64 wake-up lags: on this 2-core machine a proxy's CPU made the engine itself ~45 ms slower per
+  answer at 32 sessions, counted as the proxy's added latency, while direct calls ran with an idle core.)
 * ``GET /v1/models`` (the tokenizer folder as ``root``, ``max_model_len``), ``GET /health``, ``GET /weight_info``.
 * Direct baseline: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
   ``/v1beta/models/{m}:streamGenerateContent`` answer the same canned answer in that vendor's stream shape at the
@@ -132,9 +136,9 @@ class FakeEngine:
             self.faults = replace(f, calls=f.calls - 1)
         return f
 
-    async def pace(self, tokens: int) -> None:
-        if self.token_rate > 0 and tokens:
-            await asyncio.sleep(tokens / self.token_rate)
+    def clock(self) -> Pace:
+        """A new answer's token clock, started now."""
+        return Pace(self.token_rate)
 
     async def wait(self, request: web.Request, seconds: float) -> bool:
         """Sleep ``seconds`` unless the client goes away first (then False): vLLM aborts such a request."""
@@ -204,11 +208,13 @@ class FakeEngine:
             if fault and not await self.wait(request, 1e9 if fault.hang else fault.delay_s):
                 self.aborted += 1
                 return web.Response(status=499)  # nobody reads it: the client is gone
+            pace = self.clock()  # after an injected delay: the delay is the first token's
             if not body.get("stream"):
-                await self.pace(n)
+                await pace(n)
                 return web.json_response(_completion_body(answer, n, len(prompt)))
             interval = max(1, int(body.get("stream_interval") or 1))
-            return await self._stream(request, answer, n, len(prompt), fault.drop_after if fault else -1, interval)
+            drop = fault.drop_after if fault else -1
+            return await self._stream(request, answer, n, len(prompt), pace, drop, interval)
         except (ConnectionResetError, asyncio.CancelledError):  # the client went away (cancelled: when served so)
             self.aborted += 1
             raise
@@ -216,7 +222,7 @@ class FakeEngine:
             self.active -= 1
 
     async def _stream(
-        self, request: web.Request, a: Answer, n: int, prompt: int, drop: int, interval: int = 1
+        self, request: web.Request, a: Answer, n: int, prompt: int, pace: Pace, drop: int, interval: int = 1
     ) -> web.StreamResponse:
         """vLLM's stream: with ``interval`` > 1 (its ``stream_interval``) the first token goes out at once, then one
         event per ``interval`` tokens, the rest with the last; tokens are paced one by one either way."""
@@ -224,7 +230,7 @@ class FakeEngine:
         await resp.prepare(request)
         pending: list[int] = []  # positions sampled, not sent yet
         for i in range(n):
-            await self.pace(1)
+            await pace(1)
             if i == drop:
                 assert request.transport is not None
                 request.transport.close()  # what a killed engine looks like to the proxy
@@ -261,7 +267,7 @@ class FakeEngine:
         prompt = _fake_prompt_ids(body, {a.prose + a.tool_text: a for a in self.answers})
         self.calls += 1
         a = self.pick(len(prompt))
-        await self.pace(len(a.ids))
+        await self.clock()(len(a.ids))
         content = [{"token": p, "logprob": -0.5, "bytes": None, "top_logprobs": []} for p in a.pieces]
         choice = {
             "index": 0,
@@ -298,14 +304,32 @@ class FakeEngine:
             encoded = frames[len(raw) % len(self.answers)]
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await resp.prepare(request)
+            pace = self.clock()
             for data, tokens in encoded:
-                await self.pace(tokens)
+                await pace(tokens)
                 if data:
                     await resp.write(data)
             await resp.write_eof()
             return resp
 
         return handler
+
+
+class Pace:
+    """One answer's token clock: ``await pace(k)`` returns when the next ``k`` tokens are due (``k / rate`` s after
+    the previous ones were due, not after the previous wake-up), so a late wake-up is not carried into every later
+    token; it never sleeps when ``rate`` is 0."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.due = time.monotonic()
+
+    async def __call__(self, tokens: int) -> None:
+        if self.rate <= 0 or not tokens:
+            return
+        self.due += tokens / self.rate
+        if (left := self.due - time.monotonic()) > 0:
+            await asyncio.sleep(left)
 
 
 class LoadMonitor:

@@ -21,7 +21,7 @@ from addon.engine.client import (
     GenerationRequest,
 )
 from addon.generation.parser import OutputParser
-from benchmarks.fake_engine import FakeEngine, Faults
+from benchmarks.fake_engine import FakeEngine, Faults, Pace
 from benchmarks.sessions import FORMATS, decode_reply, path_for
 from converters.canonical import ToolCallStarted
 
@@ -93,6 +93,28 @@ async def test_token_rate_paces_the_stream(served):
         result = await client.stream_result(GenerationRequest(prompt_ids=(1,), max_tokens=40))
         took = time.perf_counter() - t0
     assert took >= len(result.completion_ids) / 400.0 * 0.9
+
+
+async def test_a_late_wake_up_is_not_carried_into_later_tokens():
+    # a GPU engine's token clock: 20 tokens at 200/s take 100 ms from the answer's start, even when the process is
+    # 50 ms late once (the tokens already due then go at once); a sleep per token would take ~150 ms
+    pace = Pace(200.0)
+    t0 = time.monotonic()
+    time.sleep(0.05)  # the event loop blocked by other work
+    took_after_block = []
+    for _ in range(20):
+        await pace(1)
+        took_after_block.append(time.monotonic() - t0)
+    assert took_after_block[8] < 0.07  # tokens 1-9 were due by 45 ms: sent without waiting
+    assert 0.099 <= took_after_block[-1] < 0.14
+
+
+async def test_no_rate_never_sleeps():
+    pace = Pace(0.0)
+    t0 = time.monotonic()
+    for _ in range(1000):
+        await pace(5)
+    assert time.monotonic() - t0 < 0.05
 
 
 async def test_models_and_context_length(served, smollm2_tokenizer_dir):
