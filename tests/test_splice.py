@@ -27,6 +27,7 @@ from addon.generation.splice import (
     plan,
     record,
 )
+from addon.records import token_ids
 from converters import dialect_for
 from converters.base import Route
 from converters.canonical import (
@@ -427,6 +428,17 @@ def test_a_spliced_plan_hands_its_packed_ids_to_the_graph_and_no_node_keeps_them
     assert last.reason == "extends" and last.packed is not None and tuple(last.packed) == last.prompt_ids
     assert state.packed_ids(state.nodes[-1]) is last.packed  # held as built, not packed a second time
     assert all(n.plan.packed is None and n.plan.prompt_ids == () for n in state.nodes)  # memory stays linear
+
+
+def test_a_new_root_is_packed_on_the_planning_side_like_a_splice(splicer: SpliceRenderer) -> None:
+    # the engine request and the engine prompt's JSON list take it without packing or formatting on the event loop
+    state, plans, _, _ = tool_loop("chat", splicer, turns=1)
+    (root,) = plans
+    assert root.reason == "first_call" and root.packed is not None
+    assert isinstance(root.prompt_ids, token_ids.FrozenIds) and root.prompt_ids.packed is root.packed
+    assert root.prompt_ids == tuple(root.packed) and len(root.packed) > 0
+    assert state.packed_ids(state.nodes[0]) is root.packed  # the graph holds the array as built
+    assert token_ids.pack(root.prompt_ids) is root.packed  # what the engine request does: no copy, no check
 
 
 def test_record_refuses_a_duplicate_call_id(splicer: SpliceRenderer) -> None:

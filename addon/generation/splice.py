@@ -284,8 +284,13 @@ def _splice(
 def _root(request: ModelRequest, splicer: SpliceRenderer, reason: ForkReason, parent: CallNode | None) -> SplicePlan:
     rendered = splicer.renderer.render(request, encode=splicer.leads.encode)
     parent_id = parent.call_id if parent is not None else None
+    # packed here, on the planning thread, as a splice packs its ids: the engine request, the engine prompt's JSON
+    # list and the session graph then take the array as it is (a tuple left the packing, its check and the JSON
+    # list of the whole prompt to the event loop: ~1-3 ms per new root at 10k-40k ids)
+    packed = token_ids.pack(rendered.prompt_ids, "rendered prompt ids")
+    ids = token_ids.FrozenIds.adopt(packed)
     return SplicePlan(
-        rendered.prompt_ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds
+        ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds, packed=packed
     )
 
 
