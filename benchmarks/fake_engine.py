@@ -136,10 +136,6 @@ class FakeEngine:
             self.faults = replace(f, calls=f.calls - 1)
         return f
 
-    def clock(self) -> Pace:
-        """A new answer's token clock, started now."""
-        return Pace(self.token_rate)
-
     async def wait(self, request: web.Request, seconds: float) -> bool:
         """Sleep ``seconds`` unless the client goes away first (then False): vLLM aborts such a request."""
         end = time.monotonic() + seconds
@@ -208,7 +204,7 @@ class FakeEngine:
             if fault and not await self.wait(request, 1e9 if fault.hang else fault.delay_s):
                 self.aborted += 1
                 return web.Response(status=499)  # nobody reads it: the client is gone
-            pace = self.clock()  # after an injected delay: the delay is the first token's
+            pace = Pace(self.token_rate)  # after an injected delay: the delay is the first token's
             if not body.get("stream"):
                 await pace(n)
                 return web.json_response(_completion_body(answer, n, len(prompt)))
@@ -267,7 +263,7 @@ class FakeEngine:
         prompt = _fake_prompt_ids(body, {a.prose + a.tool_text: a for a in self.answers})
         self.calls += 1
         a = self.pick(len(prompt))
-        await self.clock()(len(a.ids))
+        await Pace(self.token_rate)(len(a.ids))
         content = [{"token": p, "logprob": -0.5, "bytes": None, "top_logprobs": []} for p in a.pieces]
         choice = {
             "index": 0,
@@ -304,7 +300,7 @@ class FakeEngine:
             encoded = frames[len(raw) % len(self.answers)]
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await resp.prepare(request)
-            pace = self.clock()
+            pace = Pace(self.token_rate)
             for data, tokens in encoded:
                 await pace(tokens)
                 if data:

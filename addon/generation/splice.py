@@ -287,10 +287,9 @@ def _root(request: ModelRequest, splicer: SpliceRenderer, reason: ForkReason, pa
     # packed here, on the planning thread, as a splice packs its ids: the engine request, the engine prompt's JSON
     # list and the session graph then take the array as it is (a tuple left the packing, its check and the JSON
     # list of the whole prompt to the event loop: 0.8 / 2.1 / 8.9 ms per new root at 11k / 35k / 131k ids)
-    packed = token_ids.pack(rendered.prompt_ids, "rendered prompt ids")
-    ids = token_ids.FrozenIds.adopt(packed)
+    ids = token_ids.FrozenIds(rendered.prompt_ids, "rendered prompt ids")
     return SplicePlan(
-        ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds, packed=packed
+        ids, reason, parent_id, 0, rendered.prompt_text, rendered.mode, rendered.tool_kinds, packed=ids.packed
     )
 
 
