@@ -442,7 +442,9 @@ async def test_hundreds_of_concurrent_streams_reach_the_engine_at_once(smollm2_t
 
     from benchmarks.fake_engine import FakeEngine
 
-    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=20, token_rate=20.0)  # each stream takes ~1 s
+    # each stream takes 4 s from its start: the fake engine's token clock does not stretch a stream while the loop
+    # is busy opening the others (on a loaded 2-core machine that took over 1 s), so it must outlast their set-up
+    engine = FakeEngine.build(smollm2_tokenizer_dir, tokens=20, token_rate=5.0)
     server = TestServer(engine.app())
     await server.start_server()
     try:
