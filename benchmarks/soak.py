@@ -11,7 +11,7 @@ MiB per minute over the second half of the run (after warm-up), with the RSS at 
 closed through the proxy's admin route when it ends, as ``tasks/collect.py`` does (that frees its prefix graph).
 
 To tell a starved machine from a proxy fault the result also carries the load average (start, highest sampled,
-end), the fake engine's own view (:class:`benchmarks.fake_engine.LoadMonitor`: event-loop lag, accept queue,
+end), the fake engine's own view (:class:`benchmarks.load_monitor.LoadMonitor`: event-loop lag, accept queue,
 listen overflows; requests aborted by their client), the proxy's own admin stats at the end (``proxy``: calls,
 errors by kind, overhead, and under ``loop`` its event loop's worst lag and garbage-collector pauses — every call
 of the proxy shares that loop, so its lag is what its timers, the engine connect timeout among them, see), the
@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 
 from addon import launch  # noqa: E402
 from benchmarks import fake_engine, tree  # noqa: E402
-from benchmarks.fake_engine import accept_queue  # noqa: E402
+from benchmarks.load_monitor import accept_queue  # noqa: E402
 from benchmarks.replayer import BaseUrl, Proxied, Verdict, recover, replay, summary, verify  # noqa: E402
 from benchmarks.sessions import FORMATS, SessionScript, make_script  # noqa: E402
 

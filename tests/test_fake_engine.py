@@ -78,6 +78,19 @@ async def test_a_stream_interval_groups_tokens_as_vllm_does(served):
     assert [c["finish_reason"] for c in grouped] == [None, None, None, "length"]
 
 
+async def test_an_answers_events_are_encoded_once_and_every_call_gets_the_same_bytes(served):
+    """As the direct routes' frames are: the engine's own JSON work is not counted as the proxy's latency."""
+    engine, url = served
+    body = {"prompt": [7, 8, 9], "max_tokens": 12, "stream": True, "logprobs": 0, "return_token_ids": True}
+    async with httpx.AsyncClient() as http:
+        first, again = [(await http.post(f"{url}/v1/completions", json=body)).content for _ in range(2)]
+    assert first == again and first.endswith(b"data: [DONE]\n\n")
+    assert len(engine._frames) == 1  # one answer, one length, one interval
+    (((a, n, interval), frames),) = engine._frames.items()
+    assert (n, interval, [i for i, _ in frames]) == (12, 1, list(range(12)))
+    assert b"".join(f for _, f in frames) in first  # then the usage event and [DONE]
+
+
 async def test_max_tokens_cuts_with_length(served):
     _, url = served
     async with EngineClient(url) as client:
