@@ -436,3 +436,73 @@ async def test_the_engine_gets_each_prompt_exactly_when_it_is_formatted_from_the
         request = unpack_json(row["request_canonical"])
         assert [m["role"] for m in request["messages"]] == ["user", "assistant"] * (n // 2) + ["user"]
     assert all(seen[k + 1][: len(seen[k])] == seen[k] for k in range(3))
+
+
+async def test_the_rows_first_half_waits_for_the_engine_request_and_never_for_a_call_refused_before_it(
+    smollm2_tokenizer_dir, tmp_path, monkeypatch
+):
+    """The planning thread hands the plan over and then holds the row's first half until the loop has asked the
+    engine (keeping the GIL would hold the engine request back: addon.generation.handover); a call refused before
+    the engine is asked (context too long) releases it too, so nothing waits for the hold's bound."""
+    from datetime import UTC, datetime
+
+    from aiohttp.test_utils import TestServer
+
+    from addon.engine.client import EngineClient
+    from addon.engine.pool import EnginePool
+    from addon.generation import generate, handover
+    from addon.generation.generate import CallInfo, Generator
+    from addon.generation.render import PromptRenderer
+    from addon.generation.sessions import Budget, SessionRegistry
+    from addon.generation.splice import SpliceRenderer
+    from addon.generation.stats import Stats
+    from addon.records.schema import read_records
+    from addon.records.store import RecordStore
+    from benchmarks import fake_engine
+    from converters.base import Route
+
+    monkeypatch.setattr(handover, "HOLD_MAX_S", 60.0)  # a missed release would stall the call for a minute
+    events: list[str] = []
+    real_prelude = generate.prelude
+
+    def prelude(*args, **kw):
+        events.append("prelude")
+        return real_prelude(*args, **kw)
+
+    monkeypatch.setattr(generate, "prelude", prelude)
+    engine = fake_engine.FakeEngine.build(smollm2_tokenizer_dir, tokens=12)
+    server = TestServer(engine.app())
+    await server.start_server()
+    store = RecordStore.open(tmp_path, "run-1")
+    async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+        pool = EnginePool([client])
+        await pool.bind()
+        real_stream = pool.stream
+
+        async def stream(*args, **kw):
+            events.append("engine asked")
+            async for item in real_stream(*args, **kw):
+                yield item
+
+        monkeypatch.setattr(pool, "stream", stream)
+        gen = Generator(
+            splicer=SpliceRenderer(PromptRenderer.from_pretrained(smollm2_tokenizer_dir)),
+            engine=pool,
+            store=store,
+            sessions=SessionRegistry(Budget()),
+            stats=Stats(),
+            max_model_len=8192,
+            served_model="fake",
+        )
+        for i, content in enumerate(("list the files", "x " * 9000)):  # the second is past max_model_len
+            info = CallInfo("run-1", f"s{i}", Route("anthropic", "/v1/messages"), {}, datetime.now(UTC))
+            messages = [{"role": "user", "content": content}]
+            sink = _Sink()
+            body = json.dumps({"model": "m", "max_tokens": 30, "messages": messages}).encode()
+            await asyncio.wait_for(gen.handle(info, body, sink), 20)
+            assert sink.status == (200, 400)[i], sink.body
+    await server.close()
+    store.close()
+    assert events == ["engine asked", "prelude", "prelude"]  # the refused call was recorded with its first half
+    rows = read_records(str(tmp_path)).sort_by("session_id").to_pylist()
+    assert [r["error"] is None for r in rows] == [True, False] and rows[1]["prompt_ids"]
