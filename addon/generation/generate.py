@@ -16,8 +16,8 @@ Worker-thread hops per call (a hop costs ~150 us of CPU on an idle loop, ~50 us 
 executor's queue, a thread's wake-up, the loop's): two. The first parses (against the session's previous
 request: only the conversation items after the first changed byte are decoded and parsed, :mod:`converters.delta`)
 and plans (the splice plan, and the prompt as the engine's JSON formatted from the session's previous prompt, so only
-new ids), hands the plan to the loop at once and, once the loop has sent the engine request (the thread waits for it,
-:mod:`addon.generation.handover`: it would hold the GIL), builds the row's first half
+new ids), hands the plan to the loop at once (the engine is asked while the thread goes on) and then builds the row's
+first half
 (:mod:`addon.generation.recording`: request JSON + zstd, prompt ids packed) alongside the engine. The second, after
 the engine, adds the session-graph node, finishes the row and appends it durably.
 
@@ -32,14 +32,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import aclosing
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
 from addon.engine.pool import EnginePool, NoEngine
-from addon.generation.handover import Held, Hold, settle
 from addon.generation.parser import OutputParser, ParserSpec
 from addon.generation.recording import CallInfo, RecordPrelude, Turn, auxiliary_reason, build_record, prelude
 from addon.generation.sampling import SamplingPolicy, engine_sampling, forced_tool_call
@@ -71,6 +70,7 @@ BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends
 
 log = logging.getLogger("harnessrl.generate")
 
+T = TypeVar("T")
 # a call's splice plan and its prompt as the engine's JSON list, or the error that refused the plan
 Planned = tuple[SplicePlan, token_ids.JsonIds | None] | ConversionError
 
@@ -128,24 +128,8 @@ class Generator:
         loop = asyncio.get_running_loop()
         planned_at: asyncio.Future[tuple[ModelRequest, Planned]] = loop.create_future()
         # a harness body can be megabytes of JSON: parsed, and the call planned, off the event loop; the same hop
-        # goes on to the row's first half once the plan is handed over and the loop has asked the engine (handover)
-        hold = Hold()
-        handover = (loop, planned_at, hold)
-        ahead = Held(asyncio.to_thread(self._parse_plan_prelude, dialect, body, info, state, handover), hold)
-        try:
-            await self._answer(info, dialect, sink, t0, planned_at, ahead)
-        finally:
-            hold.release()  # on every path: the thread's held work never waits for a call that is over
-
-    async def _answer(
-        self,
-        info: CallInfo,
-        dialect: Dialect,
-        sink: ResponseSink,
-        t0: float,
-        planned_at: asyncio.Future[tuple[ModelRequest, Planned]],
-        ahead: Held[RecordPrelude | None],
-    ) -> None:
+        # goes on to the row's first half once the plan is handed over
+        ahead = _background(asyncio.to_thread(self._parse_plan_prelude, dialect, body, info, state, (loop, planned_at)))
         try:
             request, planned = await planned_at
         except ConversionError as err:
@@ -204,21 +188,19 @@ class Generator:
         body: bytes,
         info: CallInfo,
         state: SessionState,
-        handover: tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[ModelRequest, Planned]], Hold],
+        handover: tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[ModelRequest, Planned]]],
     ) -> RecordPrelude | None:
         """In a worker thread: :meth:`_parse_and_plan`, its outcome handed to the loop (``handover``) as soon as it
-        is known, then, once the loop has asked the engine (the hold released), the row's first half
-        (:func:`prelude`) of a planned call; None when no plan was made."""
-        loop, planned_at, hold = handover
+        is known, then the row's first half (:func:`prelude`) of a planned call; None when no plan was made."""
+        loop, planned_at = handover
         try:
             request, planned = self._parse_and_plan(dialect, body, info, state)
         except BaseException as e:
-            loop.call_soon_threadsafe(settle, planned_at, None, e)
+            loop.call_soon_threadsafe(_settle, planned_at, None, e)
             return None
-        loop.call_soon_threadsafe(settle, planned_at, (request, planned), None)
+        loop.call_soon_threadsafe(_settle, planned_at, (request, planned), None)
         if isinstance(planned, ConversionError):
             return None
-        hold.wait()  # keeping the GIL now would hold the loop back from the engine request (addon.generation.handover)
         return prelude(request, planned[0].prompt_ids, self.canonical_json, info.session_id)
 
     async def _generate(
@@ -228,7 +210,7 @@ class Generator:
         sink: ResponseSink,
         t0: float,
         planned: Planned,
-        ahead: Held[RecordPrelude | None],
+        ahead: Awaitable[RecordPrelude | None],
     ) -> None:
         request = turn.request
         # the version of the engine this call would go to; replaced by the routed engine's once it answers
@@ -267,7 +249,6 @@ class Generator:
         )
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)
-        ahead.release()  # the row's first half now runs while the engine samples, not before the request is sent
         started = False
         finish_reason = "stop"
         try:
@@ -443,6 +424,24 @@ def _encode(events: list[StreamEvent], acc: Accumulator, encoder: StreamEncoder 
     if encoder is None:
         return b""
     return b"".join([encoder.feed(event) for event in events])
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """On the loop: a worker thread's outcome into ``future``, unless its call is gone (the future cancelled)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _background(work: Awaitable[T]) -> asyncio.Future[T]:
+    """``work`` started now; its result (or error) is read later by whoever awaits it, maybe nobody (a call that
+    failed first), so an error left unread is marked seen instead of logged as never retrieved."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
 
 
 def _finish_reason(engine_reason: str) -> Any:
