@@ -7,7 +7,7 @@ and a ~2 KB canonical completion (zstd-packed JSON), a few tool calls and identi
         [--threads 1 8 32]
 
 ``--dir`` picks the disk to measure (the default is a fresh folder under the system temp dir); fsync cost depends on
-it entirely. Printed: append p50/p99/max in ms (record -> Arrow -> WAL frame -> write -> fsync), the append that also
+it entirely. Printed: append p50/p99/max in ms (record -> WAL frame -> write -> fsync), the append that also
 writes a shard, shard write rows/s and MB/s, bytes per row on disk, and read_records rows/s. ``--threads`` then
 appends the same rows from that many threads at once (as the addon's worker threads do) into a fresh store and
 prints acknowledged appends/s and the per-append latency: with one fsync per append, made under the store's lock,

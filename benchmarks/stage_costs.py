@@ -9,8 +9,9 @@ where the tree has ``token_ids.json_list_extending`` or ``JsonIds``, else the wh
 ``GenerationRequest`` and its body), ``record_ahead`` (the row's first half, addon/generation/recording.py
 ``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
 (adding the call's node), ``record_build`` (the rest of the row: ``build_record``, the whole row in older trees), and
-``append`` (Arrow batch + WAL frame + fsync, addon/records/store.py). ``wal_fsync`` is the durable part of ``append``
-alone: the same frame written and fsynced to a WAL segment in the same folder. ``total`` is the CPU time of all
+``append`` (the WAL frame + fsync, addon/records/store.py: a msgpack frame, addon/records/frames.py, or a one-row Arrow
+batch in older trees). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written and fsynced to a
+WAL segment in the same folder. ``total`` is the CPU time of all
 stages; ``after the engine`` is what lies between the engine's last token and the client's (graph + record build +
 append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop to the internal server, event-loop
 scheduling — is the rest of the measured added latency (benchmarks/side_by_side.py).
@@ -83,6 +84,9 @@ def load(tree: Path) -> SimpleNamespace:
     mods["delta"] = (
         importlib.import_module("converters.delta") if (tree / "converters" / "delta.py").is_file() else None
     )
+    # trees whose WAL frames are not Arrow batches (addon.records.frames: the conversion is done a shard at a time)
+    has_frames = (tree / "addon" / "records" / "frames.py").is_file()
+    mods["frames"] = importlib.import_module("addon.records.frames") if has_frames else None
     return SimpleNamespace(**mods)
 
 
@@ -166,7 +170,10 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 t.append(time.perf_counter())
                 store.append(row)
                 t.append(time.perf_counter())
-                frame = m.records.to_batch([row]).serialize().to_pybytes()
+                if m.frames is not None:  # the tree's own WAL frame, for the write + fsync probe below
+                    frame = m.frames.encode(m.records.row_parts(row))
+                else:
+                    frame = m.records.to_batch([row]).serialize().to_pybytes()
                 t.append(time.perf_counter())
                 probe.append(frame)
                 t.append(time.perf_counter())

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from addon.records import store as record_store
 from addon.records import wal
-from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table
+from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table, to_batch
 from addon.records.store import RecordStore, RecordStoreError, StoreConfig
 from tests.record_factory import make_record, records
 
@@ -123,6 +124,35 @@ def test_validation_of_appends_and_opens(tmp_path: Path) -> None:
         assert again.run_id == "run-1"
         with pytest.raises(ValueError, match="already in the store"):  # ids in shards count too
             again.append(make_record(0))
+
+
+def test_a_record_that_does_not_fit_is_refused_before_the_wal_and_the_store_goes_on(tmp_path: Path) -> None:
+    bad = make_record(1)
+    object.__setattr__(bad, "policy_version", 2**63)  # past the int64 column: never acknowledged, never in a shard
+    with RecordStore.open(tmp_path, "run-1") as store:
+        store.append(make_record(0))
+        with pytest.raises(ValueError, match="policy_version"):
+            store.append(bad)
+        store.append(make_record(2))
+        assert store.buffered_rows == 2
+    assert _ids(tmp_path) == ["run-1/sess-a/call-0", "run-1/sess-a/call-2"]
+
+
+def test_a_wal_segment_of_format_1_is_recovered(tmp_path: Path) -> None:
+    """A crashed proxy of the previous WAL format (one Arrow IPC batch per frame) leaves segments the new one reads."""
+    rows = [make_record(i, prompt_len=300) for i in range(3)]
+    (tmp_path / "wal").mkdir()
+    frames = b"".join(
+        wal._FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+        for payload in (to_batch([r]).serialize().to_pybytes() for r in rows)
+    )
+    header = wal._HEADER.pack(wal.MAGIC, 1, SCHEMA_VERSION)
+    (tmp_path / "wal" / "wal-00000001.log").write_bytes(header + frames + frames[:25])  # and a torn tail
+    with RecordStore.open(tmp_path, "run-1") as store:
+        assert store.recovery.recovered_rows == 3 and store.recovery.torn_bytes == 25
+        store.append(make_record(3))  # appended in the current format, after the old segment's number
+        assert [n for n, _ in wal.list_segments(tmp_path / "wal")] == [2]
+    assert _stored(tmp_path) == sorted([*rows, make_record(3)], key=lambda r: r.call_id)
 
 
 def test_close_session_puts_that_sessions_rows_in_shards(tmp_path: Path) -> None:

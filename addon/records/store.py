@@ -9,9 +9,10 @@ Contract
     folder/shard-NNNNN.parquet    finished shards, SCHEMA of addon.records.schema
     folder/manifest.json          index of the shards, always written last
 
-* :meth:`RecordStore.append` writes the record to the WAL (one Arrow IPC frame, checksummed) and fsyncs before it
-  returns: a record is *acknowledged* when append returns, and every acknowledged record survives a crash. Records
-  gather in memory; the append that fills a shard (``shard_rows``) writes it.
+* :meth:`RecordStore.append` writes the record to the WAL (one checksummed frame, :mod:`addon.records.frames`) and
+  fsyncs before it returns: a record is *acknowledged* when append returns, and every acknowledged record survives a
+  crash. Records gather in memory; the append that fills a shard (``shard_rows``) writes it, converting them to
+  Arrow in one go (one row at a time cost ~5x more per row, on every call's path).
 * A shard is written as ``shard-N.parquet.tmp``, fsynced, renamed to ``shard-N.parquet``; THEN the WAL segments
   holding its rows are deleted; the manifest (tmp + rename) comes last. A crash at any point leaves either the WAL
   or the shard holding each row, and recovery dedupes by ``call_id``.
@@ -50,9 +51,18 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from addon.records import files, wal
+from addon.records import files, frames, wal
 from addon.records.files import RecordStoreError
-from addon.records.schema import RUN_ID_KEY, SCHEMA, SCHEMA_VERSION, SHARD_NAME, CallRecord, to_batch
+from addon.records.schema import (
+    RUN_ID_KEY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SHARD_NAME,
+    CallRecord,
+    RowParts,
+    row_parts,
+    rows_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +108,16 @@ class StoreCounts:
 class _Cut:
     """Rows taken out of memory for one shard, and the WAL segments that hold them."""
 
-    batches: list[pa.RecordBatch] = field(default_factory=list)
+    parts: list[RowParts] = field(default_factory=list)  # each row's columns, converted to Arrow at the shard
     segments: list[Path] = field(default_factory=list)
     sessions: Counter[str] = field(default_factory=Counter)
 
     @property
     def rows(self) -> int:
-        return len(self.batches)  # one row per batch: each append adds a one-row batch, recovery too
+        return len(self.parts)
 
     def absorb(self, other: _Cut) -> None:
-        self.batches.extend(other.batches)
+        self.parts.extend(other.parts)
         self.segments.extend(other.segments)
         self.sessions.update(other.sessions)
 
@@ -171,7 +181,7 @@ class RecordStore:
             rebuilt = stale and bool(self._shards)
             if rebuilt:
                 self._write_manifest()
-        except (OSError, wal.WalError, pa.ArrowException) as e:
+        except (OSError, ValueError, wal.WalError, pa.ArrowException) as e:
             raise RecordStoreError(f"recovery of {self.folder} failed: {e}") from e
         self.recovery = RecoveryReport(recovered, duplicates, torn, segments, removed, rebuilt)
         if recovered or torn or removed:
@@ -223,8 +233,9 @@ class RecordStore:
 
     def _run_id_from_wal(self) -> str | None:
         for _, seg in wal.list_segments(self._wal_dir):
-            for frame in wal.read_segment(seg).frames:
-                return str(_decode(frame)["run_id"][0].as_py())
+            contents = wal.read_segment(seg)
+            for frame in contents.frames:
+                return _decode(frame, contents.format_version).run_id
         return None
 
     def _replay_wal(self) -> tuple[int, int, int, int]:
@@ -237,22 +248,21 @@ class RecordStore:
             if contents.frames and contents.schema_version != SCHEMA_VERSION:
                 raise RecordStoreError(f"{seg} holds schema version {contents.schema_version}; recover it with that")
             for frame in contents.frames:
-                batch = _decode(frame)
-                call_id = batch["call_id"][0].as_py()
-                if call_id in self._call_ids:
+                record = _decode(frame, contents.format_version)
+                if record.call_id in self._call_ids:
                     duplicates += 1
                     continue
-                self._call_ids.add(call_id)
-                cut.batches.append(batch)
-        for start in range(0, len(cut.batches), self.config.shard_rows):
-            part = _Cut(cut.batches[start : start + self.config.shard_rows])
+                self._call_ids.add(record.call_id)
+                cut.parts.append(row_parts(record))
+        for start in range(0, len(cut.parts), self.config.shard_rows):
+            part = _Cut(cut.parts[start : start + self.config.shard_rows])
             self._write_shard(self._reserve_shard(), part)
         for _, seg in segments:
             seg.unlink()
         if segments:
             wal.fsync_dir(self._wal_dir)
         self._next_segment = segments[-1][0] + 1 if segments else 1
-        return len(cut.batches), duplicates, torn, len(segments)
+        return len(cut.parts), duplicates, torn, len(segments)
 
     def _manifest_stale(self) -> bool:
         manifest = self._read_manifest()
@@ -270,8 +280,8 @@ class RecordStore:
         """Make ``record`` durable (WAL + fsync) before returning; write a shard when the buffer is full."""
         if record.run_id != self.run_id:
             raise ValueError(f"record of run {record.run_id!r} appended to the store of run {self.run_id!r}")
-        batch = to_batch([record])  # outside the lock: conversion is the costly part
-        payload = batch.serialize().to_pybytes()
+        parts = row_parts(record)  # outside the lock, as is the encoding: ValueError for a row that does not fit
+        payload = frames.encode(parts)
         with self._lock:
             self._check_open()
             if record.call_id in self._call_ids:
@@ -283,7 +293,7 @@ class RecordStore:
                 self._segment = None  # the writer closed itself; the next append starts a fresh segment
                 raise RecordStoreError(f"record {record.call_id} was not stored: {e}") from e
             self._call_ids.add(record.call_id)
-            self._buffer.batches.append(batch)
+            self._buffer.parts.append(parts)
             self._buffer.sessions[record.session_id] += 1
             self._appended += 1
             full = self._buffer.rows >= self.config.shard_rows
@@ -334,7 +344,7 @@ class RecordStore:
                 index = self._reserve_shard()
             try:
                 self._write_shard(index, cut)
-            except (OSError, pa.ArrowException) as e:
+            except (OSError, ValueError, pa.ArrowException) as e:
                 with self._lock:
                     self._failed.absorb(cut)  # still in the WAL; the next flush retries them first
                 raise RecordStoreError(f"writing shard {index} of {self.folder} failed: {e}") from e
@@ -363,8 +373,8 @@ class RecordStore:
         """Write ``shard-index.parquet`` durably (see :func:`addon.records.files.write_shard`)."""
         name = f"shard-{index:05d}.parquet"
         metadata = {**(SCHEMA.metadata or {}), RUN_ID_KEY: self.run_id.encode()}
-        # One chunk per column: the Parquet writer is ~10x slower on a thousand one-row chunks.
-        table = pa.Table.from_batches(cut.batches, schema=SCHEMA).combine_chunks().replace_schema_metadata(metadata)
+        # One batch of all the rows (one chunk per column: the Parquet writer is ~10x slower on one-row chunks).
+        table = pa.Table.from_batches([rows_batch(cut.parts)], schema=SCHEMA).replace_schema_metadata(metadata)
         files.write_shard(self.folder / name, table, self.config.compression_level, self.config.row_group_rows)
         with self._lock:  # counts() reads these from other threads
             self._shards[name] = table.num_rows
@@ -427,5 +437,5 @@ class RecordStore:
         self.close()
 
 
-def _decode(frame: bytes) -> pa.RecordBatch:
-    return pa.ipc.read_record_batch(pa.py_buffer(frame), SCHEMA)
+def _decode(frame: bytes, format_version: int) -> CallRecord:
+    return frames.decode(frame) if format_version >= 2 else frames.decode_arrow(frame)

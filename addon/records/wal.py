@@ -4,7 +4,8 @@ Contract
 --------
 A segment is a file ``wal-NNNNNNNN.log`` in one folder. It starts with a fixed header (magic ``HRLWAL``, format
 version, schema version) and holds frames ``<u32 length><u32 crc32(payload)><payload>`` (little-endian). The WAL
-does not know what a payload is; the record store puts one encapsulated Arrow IPC record batch in each.
+does not know what a payload is; the record store puts one record in each (:mod:`addon.records.frames`); the header's
+format version says which payloads a segment holds (format 1: one Arrow IPC record batch each; still read).
 
 * :class:`SegmentWriter` appends a frame and returns only after ``write`` + ``fsync`` (an acknowledged frame is on
   disk). When a write fails it truncates the file back to the last whole frame, closes it and raises
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"HRLWAL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the store's payloads are addon.records.frames maps (1: Arrow IPC batches), same framing
+READABLE_FORMATS = (1, 2)
 _HEADER = struct.Struct("<6sHI")  # magic, WAL format version, record schema version
 _FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 _SEGMENT_NAME = re.compile(r"^wal-(\d{8})\.log$")
@@ -141,6 +143,7 @@ class SegmentContents:
     schema_version: int
     frames: list[bytes]
     torn_bytes: int
+    format_version: int = FORMAT_VERSION  # what the payloads are: the header's WAL format version
 
 
 def read_segment(path: Path) -> SegmentContents:
@@ -150,8 +153,8 @@ def read_segment(path: Path) -> SegmentContents:
         # A crash while the header itself was written: nothing was ever acknowledged in this segment.
         return SegmentContents(schema_version=-1, frames=[], torn_bytes=len(data))
     magic, fmt, schema_version = _HEADER.unpack_from(data, 0)
-    if magic != MAGIC or fmt != FORMAT_VERSION:
-        raise WalCorruptError(f"{path} is not a WAL segment of format {FORMAT_VERSION} (header {data[:8]!r})")
+    if magic != MAGIC or fmt not in READABLE_FORMATS:
+        raise WalCorruptError(f"{path} is not a WAL segment of format {READABLE_FORMATS} (header {data[:8]!r})")
     frames: list[bytes] = []
     offset = _HEADER.size
     while offset < len(data):
@@ -164,12 +167,12 @@ def read_segment(path: Path) -> SegmentContents:
             continue
         declared_end = _declared_end(data, offset)
         if declared_end >= len(data) or not data[offset:].strip(b"\0"):
-            return SegmentContents(schema_version, frames, torn_bytes=len(data) - offset)
+            return SegmentContents(schema_version, frames, torn_bytes=len(data) - offset, format_version=fmt)
         raise WalCorruptError(
             f"{path}: {problem} at byte {offset} with {len(data) - declared_end} bytes after it; "
             "this is corruption, not a torn write. Move the segment aside to open the store without it."
         )
-    return SegmentContents(schema_version, frames, torn_bytes=0)
+    return SegmentContents(schema_version, frames, torn_bytes=0, format_version=fmt)
 
 
 def _frame_problem(data: bytes, offset: int) -> str | None:
