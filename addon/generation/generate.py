@@ -17,9 +17,9 @@ executor's queue, a thread's wake-up, the loop's): two. The first parses (agains
 request: only the conversation items after the first changed byte are decoded and parsed, :mod:`converters.delta`)
 and plans (the splice plan, and the prompt as the engine's JSON formatted from the session's previous prompt, so only
 new ids), hands the plan to the loop at once (the engine is asked while the thread goes on) and then builds the row's
-first half
-(:mod:`addon.generation.recording`: request JSON + zstd, prompt ids packed) alongside the engine. The second, after
-the engine, adds the session-graph node, finishes the row and appends it durably.
+first half (:mod:`addon.generation.recording`: request JSON + zstd, prompt ids packed) alongside the engine. The
+second, after the engine, adds the session-graph node, finishes the row and appends it durably (the WAL frame,
+:mod:`addon.records.frames`).
 
 Sampling: :class:`~addon.generation.sampling.SamplingPolicy` decides what is applied (by default top_p/top_k/min_p
 and penalties neutral); both the requested and the applied values are recorded.
