@@ -9,6 +9,7 @@ hierarchy; stop ids and structured outputs behave. Measured figures are printed 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -101,7 +102,11 @@ async def test_stream_equals_seeded_non_streamed_generation(client: EngineClient
     req = GenerationRequest(chat_ids(tokenizer, QUESTIONS[1]), max_tokens=48, seed=5, temperature=0.9, top_p=0.95)
     whole = await client.generate(req)
     chunks = [c async for c in client.stream(req)]
-    assert sum(1 for c in chunks if c.token_ids) > 2  # it really streamed, token by token
+    # How many chunks carry tokens is timing, not a property: vLLM merges a request's deltas when its API server
+    # falls behind the engine core (RequestOutputCollector.put), and the client merges the events of one network
+    # read, so a starved 2-core CI machine got all 48 tokens in one chunk. The fast tier's
+    # test_events_that_arrive_in_separate_reads_are_yielded_as_they_come pins "yielded as they come" instead.
+    assert any(c.token_ids for c in chunks)
     assert all(len(c.token_ids) == len(c.logprobs) for c in chunks)
     assert chunks[-1].usage is not None and chunks[-1].token_ids == ()
     streamed = accumulate(chunks, req.prompt_ids)
@@ -115,7 +120,10 @@ async def test_a_stream_interval_groups_tokens_and_changes_nothing_else(client: 
     grouped = dataclasses.replace(req, stream_interval=8)
     chunks = [c async for c in client.stream(grouped)]
     sizes = [len(c.token_ids) for c in chunks if c.token_ids]
-    assert sizes[0] == 1 and max(sizes) == 8 and sum(sizes) == 40
+    # every chunk ends on the interval's grid (1, 9, 17, ...): chunks that arrive late may merge (see above), but a
+    # stream that ignored the interval would end chunks off the grid
+    ends = set(itertools.accumulate(sizes))
+    assert sum(sizes) == 40 and ends <= {1, 9, 17, 25, 33, 40}, sizes
     assert accumulate(chunks, req.prompt_ids) == await client.stream_result(req)
 
 
