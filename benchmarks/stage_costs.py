@@ -9,12 +9,12 @@ where the tree has ``token_ids.json_list_extending`` or ``JsonIds``, else the wh
 ``GenerationRequest`` and its body), ``record_ahead`` (the row's first half, addon/generation/recording.py
 ``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
 (adding the call's node), ``record_build`` (the rest of the row: ``build_record``, the whole row in older trees), and
-``append`` (the WAL frame + fsync, addon/records/store.py: a msgpack frame, addon/records/frames.py, or a one-row Arrow
-batch in older trees). ``wal_fsync`` is the durable part of ``append`` alone: the same frame written and fsynced to a
-WAL segment in the same folder. ``total`` is the CPU time of all
-stages; ``after the engine`` is what lies between the engine's last token and the client's (graph + record build +
-append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop to the internal server, event-loop
-scheduling — is the rest of the measured added latency (benchmarks/side_by_side.py).
+``append`` (the WAL frame + fsync, addon/records/store.py: a msgpack frame, addon/records/frames.py, holding only the
+ids after its parent's where the tree has delta frames, or a one-row Arrow batch in older trees). ``wal_fsync`` is
+the durable part of ``append`` alone: the same frame written and fsynced to a WAL segment in the same folder.
+``total`` is the CPU time of all stages; ``after the engine`` is what lies between the engine's last token and the
+client's (graph + record build + append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop to
+the internal server, event-loop scheduling — is the rest of the measured added latency (benchmarks/side_by_side.py).
 
 The record build is timed as the Generator runs it: one :class:`~addon.records.blobs.CanonicalJson` shared by the
 whole run when the tree's ``build_record`` takes one (older trees encode the whole request every call), given the
@@ -171,7 +171,10 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 store.append(row)
                 t.append(time.perf_counter())
                 if m.frames is not None:  # the tree's own WAL frame, for the write + fsync probe below
-                    frame = m.frames.encode(m.records.row_parts(row))
+                    base = None  # trees with delta frames write a call that extends its parent as one
+                    if hasattr(m.frames, "PromptBase") and row.parent_call_id and row.prompt_reused_tokens:
+                        base = m.frames.PromptBase(row.parent_call_id, row.prompt_reused_tokens)
+                    frame = m.frames.encode(m.records.row_parts(row), *([base] if base else []))
                 else:
                     frame = m.records.to_batch([row]).serialize().to_pybytes()
                 t.append(time.perf_counter())

@@ -1,12 +1,16 @@
 """Call records for the record tests: a plain factory and a hypothesis strategy covering every field.
 
 ``make_record(i, ...)`` builds a valid record whose fields all differ from their defaults (so a round trip that
-dropped any field would fail); ``records()`` draws arbitrary valid records with unique call ids.
+dropped any field would fail); ``extend_record(parent, i)`` the next call of its session, whose prompt is the
+parent's prompt and answer then new ids (what a tool loop's calls are); ``session_chains(count)`` such calls of
+three sessions, interleaved; ``records()`` draws arbitrary valid records with unique call ids.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -67,6 +71,32 @@ def make_record(
     }
     fields.update(overrides)
     return CallRecord(**fields)
+
+
+def extend_record(parent: CallRecord, i: int, *, new_len: int = 50, **overrides: Any) -> CallRecord:
+    """Call ``i`` of ``parent``'s session: its prompt is ``parent``'s prompt + completion, then ``new_len`` new ids
+    (``parent_call_id`` and ``prompt_reused_tokens`` say so)."""
+    own = make_record(i, run_id=parent.run_id, session_id=parent.session_id, prompt_len=new_len)
+    seq = (*parent.tokens.prompt_ids, *parent.tokens.completion_ids)
+    tokens = TurnTokens((*seq, *own.tokens.prompt_ids), own.tokens.completion_ids, own.tokens.completion_logprobs)
+    fields: dict[str, Any] = {"parent_call_id": parent.call_id, "prompt_reused_tokens": len(seq), "fork_reason": None}
+    return replace(own, tokens=tokens, **(fields | overrides))
+
+
+def session_chains(count: int, sessions: int = 3, prompt_len: int = 2000) -> Iterator[CallRecord]:
+    """Records ``0 .. count-1``: record ``i`` is the next call of session ``s{i % sessions}`` (its first: a
+    ``make_record`` of ``prompt_len`` ids, with no parent)."""
+    root: dict[str, Any] = {"parent_call_id": None, "fork_reason": None, "prompt_reused_tokens": 0}
+    last: dict[str, CallRecord] = {}
+    for i in range(count):
+        session = f"s{i % sessions}"
+        record = (
+            extend_record(last[session], i)
+            if session in last
+            else make_record(i, session_id=session, prompt_len=prompt_len, **root)
+        )
+        last[session] = record
+        yield record
 
 
 _text = st.text(min_size=1, max_size=12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from itertools import count
 from typing import Any
@@ -9,10 +10,11 @@ from typing import Any
 import msgspec
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon.records import frames
 from addon.records.schema import CallRecord, row_parts, rows_batch, to_batch
-from tests.record_factory import make_record, records
+from tests.record_factory import extend_record, make_record, records
 
 _ids = count()
 
@@ -106,3 +108,77 @@ def test_format_1_frames_an_older_proxy_left_still_decode() -> None:
     record = make_record(3, prompt_len=200, completion_len=20)
     arrow_frame = to_batch([record]).serialize().to_pybytes()
     assert frames.decode_arrow(arrow_frame) == record
+    reader = frames.FrameReader()
+    assert reader.decode(arrow_frame, format_version=1) == record
+    child = extend_record(record, 4)  # a later frame may extend a format-1 one: the reader holds its ids too
+    assert reader.decode(frames.encode(row_parts(child), _base(child))) == child
+
+
+# ------------------------------------------------------------------------------------------------ delta frames
+
+
+def _base(record: CallRecord) -> frames.PromptBase:
+    assert record.parent_call_id is not None
+    return frames.PromptBase(record.parent_call_id, record.prompt_reused_tokens)
+
+
+def test_a_delta_frame_holds_only_the_new_ids_and_the_reader_rebuilds_the_prompt() -> None:
+    root = make_record(0, prompt_len=30_000, completion_len=200, parent_call_id=None, prompt_reused_tokens=0)
+    first = extend_record(root, 1, new_len=300)
+    second = extend_record(first, 2, new_len=10)
+    whole = [frames.encode(row_parts(r)) for r in (root, first, second)]
+    deltas = [whole[0], frames.encode(row_parts(first), _base(first)), frames.encode(row_parts(second), _base(second))]
+    assert len(deltas[2]) < 4_000 < 120_000 < len(whole[2])  # ~(10 + 16) ids and the scalars, not 30k ids
+    reader = frames.FrameReader()
+    assert [reader.decode(p) for p in deltas] == [root, first, second]
+    assert frames.run_id(deltas[2], 3) == "run-1"
+
+
+def test_the_base_may_end_inside_the_parents_prompt_or_its_completion() -> None:
+    root = make_record(0, prompt_len=100, completion_len=20, parent_call_id=None, prompt_reused_tokens=0)
+    seq = (*root.tokens.prompt_ids, *root.tokens.completion_ids)
+    arrays = row_parts(root)[1][:2]
+    for n in (1, 60, 100, 110, 120):
+        child = make_record(1, tokens=type(root.tokens)((*seq[:n], 7, 8, 9)), **_lineage(root, n))
+        assert frames.extends(row_parts(child)[1][0], n, arrays)
+        reader = frames.FrameReader()
+        reader.decode(frames.encode(row_parts(root)))
+        assert reader.decode(frames.encode(row_parts(child), _base(child))) == child
+    other = make_record(1, prompt_len=130, **_lineage(root, 120))
+    assert not frames.extends(row_parts(other)[1][0], 120, arrays)
+    assert not frames.extends(row_parts(other)[1][0], 121, arrays)  # more ids than the parent has
+
+
+def _lineage(parent: CallRecord, n: int) -> dict[str, Any]:
+    return {"parent_call_id": parent.call_id, "prompt_reused_tokens": n, "fork_reason": None}
+
+
+def test_a_delta_frame_without_its_parent_or_with_a_bad_base_is_refused() -> None:
+    root = make_record(0, prompt_len=50, completion_len=5, parent_call_id=None, prompt_reused_tokens=0)
+    child = extend_record(root, 1)
+    payload = frames.encode(row_parts(child), _base(child))
+    with pytest.raises(ValueError, match="which no earlier frame holds"):
+        frames.FrameReader().decode(payload)
+    reader = frames.FrameReader()
+    reader.decode(frames.encode(row_parts(make_record(0, prompt_len=50, completion_len=4))))  # one id short
+    with pytest.raises(ValueError, match="fewer than 55 ids"):
+        reader.decode(payload)
+    for tokens in (0, len(child.tokens.prompt_ids) + 1):
+        with pytest.raises(ValueError, match="prompt base"):
+            frames.encode(row_parts(child), frames.PromptBase(root.call_id, tokens))
+
+
+@settings(max_examples=100, deadline=None)
+@given(records(call_id="parent"), st.integers(0, 40), st.data())
+def test_any_record_extended_at_any_point_round_trips_as_a_delta(
+    parent: CallRecord, new: int, data: st.DataObject
+) -> None:
+    seq = (*parent.tokens.prompt_ids, *parent.tokens.completion_ids)
+    n = data.draw(st.integers(min(1, len(seq)), len(seq)))
+    child = data.draw(records(call_id="child", run_id=parent.run_id))
+    tokens = type(child.tokens)((*seq[:n], *range(new)), child.tokens.completion_ids, child.tokens.completion_logprobs)
+    child = dataclasses.replace(child, tokens=tokens, **_lineage(parent, n))
+    reader = frames.FrameReader()
+    assert reader.decode(frames.encode(row_parts(parent))) == parent
+    payload = frames.encode(row_parts(child), _base(child) if n else None)
+    assert reader.decode(payload) == child

@@ -19,11 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from addon.records import frames as record_frames
 from addon.records import store as record_store
 from addon.records import wal
-from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table, to_batch
+from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table, row_parts, to_batch
 from addon.records.store import RecordStore, RecordStoreError, StoreConfig
-from tests.record_factory import make_record, records
+from tests.record_factory import extend_record, make_record, records, session_chains
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -155,6 +156,94 @@ def test_a_wal_segment_of_format_1_is_recovered(tmp_path: Path) -> None:
     assert _stored(tmp_path) == sorted([*rows, make_record(3)], key=lambda r: r.call_id)
 
 
+def test_a_wal_segment_of_format_2_is_recovered(tmp_path: Path) -> None:
+    """Format 2 (whole msgpack frames, no deltas) is what the previous proxy wrote."""
+    rows = [make_record(i, prompt_len=300) for i in range(3)]
+    (tmp_path / "wal").mkdir()
+    payloads = [record_frames.encode(row_parts(r)) for r in rows]
+    body = b"".join(wal._FRAME.pack(len(p), zlib.crc32(p)) + p for p in payloads)
+    (tmp_path / "wal" / "wal-00000001.log").write_bytes(wal._HEADER.pack(wal.MAGIC, 2, SCHEMA_VERSION) + body)
+    with RecordStore.open(tmp_path, "run-1") as store:
+        assert store.recovery.recovered_rows == 3
+    assert _stored(tmp_path) == rows
+
+
+def _crash_copy(folder: Path, to: Path) -> Path:
+    """The folder as a crash would leave it now (the store that wrote it still open)."""
+    shutil.copytree(folder, to)
+    return to
+
+
+def test_a_call_that_extends_a_buffered_call_writes_only_its_new_ids_and_is_recovered_whole(tmp_path: Path) -> None:
+    chain = list(session_chains(12, sessions=2, prompt_len=20_000))
+    store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=100))
+    sizes = []
+    for record in chain:
+        store.append(record)
+        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
+    assert store.delta_frames == 10
+    # a root's frame holds its 20k prompt ids (80 KB); each later one its ~66 new ids, not its ~20k-id prompt
+    grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    assert min(grown[:1]) > 80_000 and max(grown[1:]) < 4_000
+    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
+    store.close()
+    with RecordStore.open(crashed) as again:
+        assert again.recovery.recovered_rows == 12
+    assert _stored(crashed) == _stored(tmp_path / "run") == sorted(chain, key=lambda r: r.call_id)
+
+
+def test_a_call_whose_parent_is_already_in_a_shard_gets_a_whole_frame(tmp_path: Path) -> None:
+    """A shard retires its rows' segments: a frame must never need one of them to be read back."""
+    root = make_record(0, prompt_len=3000, parent_call_id=None, fork_reason=None, prompt_reused_tokens=0)
+    first = extend_record(root, 1)
+    store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=2))
+    store.append(root)
+    store.append(first)  # fills the shard: root and first are now in shard 0 and their segment is gone
+    second = extend_record(first, 2)
+    store.append(second)
+    assert store.delta_frames == 1 and len(_segments(tmp_path / "run")) == 1
+    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
+    store.close()
+    with RecordStore.open(crashed) as again:
+        assert again.recovery.recovered_rows == 1
+    assert _stored(crashed) == [root, first, second]
+
+
+def test_a_lineage_that_does_not_hold_gets_a_whole_frame(tmp_path: Path) -> None:
+    """A record whose first ids are not its parent's, whatever its ``prompt_reused_tokens`` says, is stored whole."""
+    root = make_record(0, prompt_len=300, parent_call_id=None, fork_reason=None, prompt_reused_tokens=0)
+    liar = make_record(1, prompt_len=300, parent_call_id=root.call_id, prompt_reused_tokens=200)
+    seq = len(root.tokens.prompt_ids) + len(root.tokens.completion_ids)
+    overclaim = extend_record(root, 2, prompt_reused_tokens=seq + 5)  # 5 more ids than the parent has
+    unclaimed = extend_record(root, 3, prompt_reused_tokens=0)  # no reuse claimed: nothing to share
+    store = RecordStore.open(tmp_path / "run", "run-1")
+    for record in (root, liar, overclaim, unclaimed):
+        store.append(record)
+    assert store.delta_frames == 0
+    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
+    store.close()
+    RecordStore.open(crashed).close()
+    assert _stored(crashed) == [root, liar, overclaim, unclaimed]
+
+
+def test_a_delta_frame_whose_parent_is_missing_fails_recovery_loudly(tmp_path: Path) -> None:
+    root, child = list(session_chains(4, sessions=3))[0], list(session_chains(4, sessions=3))[3]
+    store = RecordStore.open(tmp_path / "run", "run-1")
+    store.append(root)
+    store.append(child)
+    assert store.delta_frames == 1
+    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
+    store.close()
+    (segment,) = _segments(crashed)
+    contents = wal.read_segment(segment)
+    header = wal._HEADER.pack(wal.MAGIC, wal.FORMAT_VERSION, SCHEMA_VERSION)
+    child_frame = contents.frames[1]
+    segment.write_bytes(header + wal._FRAME.pack(len(child_frame), zlib.crc32(child_frame)) + child_frame)
+    with pytest.raises(RecordStoreError, match="extends .*which no earlier frame holds"):
+        RecordStore.open(crashed)
+    assert _segments(crashed) == [segment]  # nothing deleted: the WAL is kept for whoever looks into it
+
+
 def test_close_session_puts_that_sessions_rows_in_shards(tmp_path: Path) -> None:
     store = RecordStore.open(tmp_path, "run-1", StoreConfig(shard_rows=100))
     for i in range(3):
@@ -175,11 +264,11 @@ def test_close_session_puts_that_sessions_rows_in_shards(tmp_path: Path) -> None
 _CHILD = """
 import sys, time
 from addon.records.store import RecordStore, StoreConfig
-from tests.record_factory import make_record
+from tests.record_factory import session_chains
 folder, count, shard_rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = RecordStore.open(folder, "run-1", StoreConfig(shard_rows=shard_rows))
-for i in range(count):
-    store.append(make_record(i, session_id=f"s{i % 3}", prompt_len=2000))
+for i, record in enumerate(session_chains(count)):  # three sessions' tool loops: most frames are deltas
+    store.append(record)
     print(i, flush=True)  # acknowledged: append returned
 print("waiting", flush=True)
 time.sleep(600)
@@ -214,6 +303,12 @@ def _call_id(i: int) -> str:
     return make_record(i, session_id=f"s{i % 3}").call_id
 
 
+def _chain_rows(acked: list[int]) -> list[CallRecord]:
+    """The records the child appended for ``acked``, as :func:`_stored` lists them."""
+    chain = list(session_chains(max(acked) + 1))
+    return sorted((chain[i] for i in acked), key=lambda r: r.call_id)
+
+
 def test_sigkill_before_the_shard_write_recovers_exactly_the_acknowledged(tmp_path: Path) -> None:
     acked = _run_and_kill(tmp_path, count=17, shard_rows=5)
     assert acked == list(range(17))
@@ -224,6 +319,7 @@ def test_sigkill_before_the_shard_write_recovers_exactly_the_acknowledged(tmp_pa
     ids = _ids(tmp_path)
     assert sorted(ids) == sorted(_call_id(i) for i in acked) and len(set(ids)) == len(ids)
     assert _manifest(tmp_path)["total_rows"] == 17 and _segments(tmp_path) == []
+    assert _stored(tmp_path) == _chain_rows(acked)  # the two rows rebuilt from delta frames included
 
 
 def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
@@ -245,6 +341,7 @@ def test_torn_last_frame_is_skipped(tmp_path: Path) -> None:
     with RecordStore.open(tmp_path) as store:
         assert store.recovery.torn_bytes > 0 and store.recovery.recovered_rows == 2
     assert sorted(_ids(tmp_path)) == sorted(_call_id(i) for i in acked[:-1])
+    assert _stored(tmp_path) == _chain_rows(acked[:-1])
 
 
 def test_crash_between_shard_rename_and_wal_retirement_is_deduplicated(tmp_path: Path) -> None:
@@ -328,6 +425,7 @@ def test_threads_appending_and_closing_sessions_concurrently(tmp_path: Path) -> 
 _ops = st.lists(
     st.one_of(
         st.just(("append",)),
+        st.just(("extend",)),  # the next call of the last appended record's session: a delta frame if it can be
         st.just(("flush",)),
         st.just(("crash",)),
         st.tuples(st.just("close"), st.sampled_from(["s1", "s2"])),
@@ -347,8 +445,12 @@ def test_any_sequence_written_and_recovered_is_the_same_rows(
         store = RecordStore.open(folder, "run-p", config)
         written: list[CallRecord] = []
         for n, op in enumerate(ops):
-            if op[0] == "append":
+            if op[0] == "append" or (op[0] == "extend" and not written):
                 rec = data.draw(records(call_id=f"c{len(written)}"))
+                store.append(rec)
+                written.append(rec)
+            elif op[0] == "extend":
+                rec = extend_record(written[-1], len(written), new_len=data.draw(st.integers(0, 40)))
                 store.append(rec)
                 written.append(rec)
             elif op[0] == "flush":

@@ -16,6 +16,15 @@ crashed older proxy left). Why it changed: pyarrow converts one row in ~0.3 ms o
 (0.5-0.6 ms in a loaded proxy), on the path between the engine's last token and the client's final event; this
 encoding costs ~0.03 ms, and the store converts its buffered records in bulk when it writes a shard (~0.06 ms a
 row). Measured in benchmarks/results/round12.md.
+
+Delta frames (WAL format 3). A call's prompt is mostly its parent's prompt and answer
+(``prompt_reused_tokens`` ids of them, docs/records.md), so a frame that held every prompt id wrote and fsynced the
+whole context on every call: ~0.5 MB of ids at 128k tokens, between the engine's last token and the client's final
+event. ``encode(parts, base=PromptBase(parent, n))`` writes only the ids after the first ``n`` and names the call
+whose prompt + completion begin with them; the store does this only when the parent's own frame sits in a segment it
+keeps as long as this one (:mod:`addon.records.store`). :class:`FrameReader` decodes a segment sequence in order and
+rebuilds each such prompt from the calls it has read; a frame whose parent no earlier frame holds is refused
+(ValueError), never guessed.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +45,7 @@ if sys.byteorder != "little":
     raise ImportError("addon.records.frames writes token ids as little-endian int32: not on a big-endian host")
 
 _TOKENS = ("prompt_ids", "completion_ids", "completion_logprobs")
+_BASE = "prompt_base"  # a delta frame's (parent call id, ids taken from it)
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -60,7 +71,37 @@ def _fits(t: pa.DataType) -> Callable[[Any], bool]:
 _CHECKS = tuple((f.name, f.nullable, _fits(f.type)) for f in SCALARS)
 
 
-def encode(parts: RowParts) -> bytes:
+@dataclass(frozen=True)
+class PromptBase:
+    """The first ``tokens`` prompt ids of a record are the first ``tokens`` ids of call ``parent``'s prompt +
+    completion."""
+
+    parent: str
+    tokens: int
+
+
+def raw(arr: pa.Array) -> memoryview:
+    """The values of an int32 / float32 Arrow array without nulls, as bytes (no copy)."""
+    width = arr.type.byte_width
+    return memoryview(arr.buffers()[1]).cast("B")[arr.offset * width : (arr.offset + len(arr)) * width]
+
+
+def extends(child: pa.Array, n: int, parent: tuple[pa.Array, pa.Array]) -> bool:
+    """Whether the first ``n`` ids of ``child`` (a prompt) are the first ``n`` of ``parent``'s prompt + completion
+    (Arrow's comparison of the int32 values: ~20 us for 128k ids, where a memoryview's ``==`` takes 1.5 ms)."""
+    prompt, completion = parent
+    if n > len(child) or n > len(prompt) + len(completion):
+        return False
+    head = min(n, len(prompt))
+    return bool(
+        child.slice(0, head).equals(prompt.slice(0, head))
+        and child.slice(head, n - head).equals(completion.slice(0, n - head))
+    )
+
+
+def encode(parts: RowParts, base: PromptBase | None = None) -> bytes:
+    """The frame of a row; with ``base``, one that holds only the prompt ids after ``base.tokens`` (the caller
+    checked that the parent's ids begin the prompt: :func:`extends`)."""
     scalars, tokens = parts
     for name, nullable, fits in _CHECKS:
         value = scalars[name]
@@ -68,26 +109,77 @@ def encode(parts: RowParts) -> bytes:
             raise ValueError(f"record does not fit the schema: {name}={value!r:.200}")
     row = dict(scalars)
     for name, arr in zip(_TOKENS, tokens, strict=True):
-        width = arr.type.byte_width
-        row[name] = memoryview(arr.buffers()[1])[arr.offset * width : (arr.offset + len(arr)) * width]
+        row[name] = raw(arr)
+    if base is not None:
+        if not 0 < base.tokens <= len(tokens[0]):
+            raise ValueError(f"a prompt base of {base.tokens} ids for a prompt of {len(tokens[0])}")
+        row["prompt_ids"] = row["prompt_ids"][4 * base.tokens :]
+        row[_BASE] = (base.parent, base.tokens)
     try:
         return _encode(row)
     except (UnicodeEncodeError, msgspec.EncodeError) as e:  # a string that is not UTF-8 (lone surrogates)
         raise ValueError(f"record does not fit the schema: {e}") from e
 
 
+class FrameReader:
+    """Decodes the frames of a WAL in the order they were written (format 1, 2 or 3), holding each call's prompt
+    and completion ids so that a later delta frame's prompt can be rebuilt from them."""
+
+    def __init__(self) -> None:
+        self._sequences: dict[str, tuple[array[int], array[int]]] = {}
+
+    def decode(self, payload: bytes, format_version: int = 3) -> CallRecord:
+        """The record of a payload; ValueError for one that is not a record of this schema, or whose parent
+        (a delta frame's) no frame read before it holds."""
+        if format_version == 1:
+            record = decode_arrow(payload)
+            self._sequences[record.call_id] = (
+                array("i", record.tokens.prompt_ids),
+                array("i", record.tokens.completion_ids),
+            )
+            return record
+        try:
+            row = _decode(payload)
+            prompt, completion, logprobs = array("i"), array("i"), array("f")
+            base = row.pop(_BASE, None)
+            if base is not None:
+                parent, n = base
+                if parent not in self._sequences:
+                    raise ValueError(
+                        f"WAL frame of {row.get('call_id')!r} extends {parent!r}, which no earlier frame holds"
+                    )
+                parent_prompt, parent_completion = self._sequences[parent]
+                prompt.extend(parent_prompt[:n])
+                prompt.extend(parent_completion[: n - len(prompt)])
+                if len(prompt) != n:
+                    raise ValueError(f"WAL frame of {row.get('call_id')!r}: {parent!r} has fewer than {n} ids")
+            prompt.frombytes(row["prompt_ids"])
+            completion.frombytes(row["completion_ids"])
+            logprobs.frombytes(row["completion_logprobs"])
+            row.update(prompt_ids=prompt, completion_ids=tuple(completion), completion_logprobs=tuple(logprobs))
+            record = from_row(row)
+        except (msgspec.DecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"WAL frame is not a record of this schema: {e!r:.200}") from e
+        self._sequences[record.call_id] = (prompt, completion)
+        return record
+
+
 def decode(payload: bytes) -> CallRecord:
-    """The record of a payload; ValueError for one that is not a record of this schema."""
+    """The record of a self-contained payload (no delta); ValueError for one that is not a record of this schema."""
+    return FrameReader().decode(payload)
+
+
+def run_id(payload: bytes, format_version: int) -> str:
+    """The run id of a frame, without rebuilding its record (a delta frame needs its parent for that)."""
+    if format_version == 1:
+        return decode_arrow(payload).run_id
     try:
-        row = _decode(payload)
-        prompt, completion, logprobs = array("i"), array("i"), array("f")
-        prompt.frombytes(row["prompt_ids"])
-        completion.frombytes(row["completion_ids"])
-        logprobs.frombytes(row["completion_logprobs"])
-        row.update(prompt_ids=prompt, completion_ids=tuple(completion), completion_logprobs=tuple(logprobs))
-        return from_row(row)
+        value = _decode(payload)["run_id"]
     except (msgspec.DecodeError, KeyError, TypeError) as e:
         raise ValueError(f"WAL frame is not a record of this schema: {e!r:.200}") from e
+    if not isinstance(value, str):
+        raise ValueError(f"WAL frame has a run_id of {type(value).__name__}")
+    return value
 
 
 def decode_arrow(payload: bytes) -> CallRecord:
@@ -96,4 +188,4 @@ def decode_arrow(payload: bytes) -> CallRecord:
     return from_row(batch.to_pylist()[0])
 
 
-__all__ = ["decode", "decode_arrow", "encode"]
+__all__ = ["FrameReader", "PromptBase", "decode", "decode_arrow", "encode", "extends", "raw", "run_id"]

@@ -11,8 +11,10 @@ Contract
 
 * :meth:`RecordStore.append` writes the record to the WAL (one checksummed frame, :mod:`addon.records.frames`) and
   fsyncs before it returns: a record is *acknowledged* when append returns, and every acknowledged record survives a
-  crash. Records gather in memory; the append that fills a shard (``shard_rows``) writes it, converting them to
-  Arrow in one go (one row at a time cost ~5x more per row, on every call's path).
+  crash. A call that extends a row still in memory (``parent_call_id``, ``prompt_reused_tokens``, checked) gets a
+  delta frame, only the ids after the parent's: its parent's frame is in a segment of the same cut, retired with it.
+  Records gather in memory; the append that fills a shard (``shard_rows``) writes it, converting them to Arrow in
+  one go (one row at a time cost ~5x more per row, on every call's path).
 * A shard is written as ``shard-N.parquet.tmp``, fsynced, renamed to ``shard-N.parquet``; THEN the WAL segments
   holding its rows are deleted; the manifest (tmp + rename) comes last. A crash at any point leaves either the WAL
   or the shard holding each row, and recovery dedupes by ``call_id``.
@@ -111,6 +113,8 @@ class _Cut:
     parts: list[RowParts] = field(default_factory=list)  # each row's columns, converted to Arrow at the shard
     segments: list[Path] = field(default_factory=list)
     sessions: Counter[str] = field(default_factory=Counter)
+    # call id -> its prompt and completion ids, for the delta frames of the calls that extend it (frames.PromptBase)
+    tokens: dict[str, tuple[pa.Array, pa.Array]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -120,6 +124,7 @@ class _Cut:
         self.parts.extend(other.parts)
         self.segments.extend(other.segments)
         self.sessions.update(other.sessions)
+        self.tokens.update(other.tokens)
 
 
 class RecordStore:
@@ -142,6 +147,7 @@ class RecordStore:
         self._shard_sessions: set[str] = set()
         self._next_shard = 0
         self._appended = 0
+        self.delta_frames = 0  # appends whose frame held only the prompt ids after its parent's (frames.PromptBase)
         self._closed = False
         self.recovery = RecoveryReport()
 
@@ -235,20 +241,21 @@ class RecordStore:
         for _, seg in wal.list_segments(self._wal_dir):
             contents = wal.read_segment(seg)
             for frame in contents.frames:
-                return _decode(frame, contents.format_version).run_id
+                return frames.run_id(frame, contents.format_version)
         return None
 
     def _replay_wal(self) -> tuple[int, int, int, int]:
         """Turn WAL rows not yet in a shard into shards, then delete the segments."""
         segments = wal.list_segments(self._wal_dir)
         cut, duplicates, torn = _Cut(), 0, 0
+        reader = frames.FrameReader()  # in write order: a delta frame's parent comes before it
         for _, seg in segments:
             contents = wal.read_segment(seg)
             torn += contents.torn_bytes
             if contents.frames and contents.schema_version != SCHEMA_VERSION:
                 raise RecordStoreError(f"{seg} holds schema version {contents.schema_version}; recover it with that")
             for frame in contents.frames:
-                record = _decode(frame, contents.format_version)
+                record = reader.decode(frame, contents.format_version)
                 if record.call_id in self._call_ids:
                     duplicates += 1
                     continue
@@ -281,11 +288,14 @@ class RecordStore:
         if record.run_id != self.run_id:
             raise ValueError(f"record of run {record.run_id!r} appended to the store of run {self.run_id!r}")
         parts = row_parts(record)  # outside the lock, as is the encoding: ValueError for a row that does not fit
-        payload = frames.encode(parts)
+        base = self._prompt_base(record, parts)
+        payload = frames.encode(parts, base)
         with self._lock:
             self._check_open()
             if record.call_id in self._call_ids:
                 raise ValueError(f"call_id {record.call_id!r} is already in the store")
+            if base is not None and base.parent not in self._buffer.tokens:  # a shard took the parent meanwhile
+                base, payload = None, frames.encode(parts)
             segment = self._current_segment()
             try:
                 segment.append(payload)
@@ -295,7 +305,9 @@ class RecordStore:
             self._call_ids.add(record.call_id)
             self._buffer.parts.append(parts)
             self._buffer.sessions[record.session_id] += 1
+            self._buffer.tokens[record.call_id] = (parts[1][0], parts[1][1])
             self._appended += 1
+            self.delta_frames += base is not None
             full = self._buffer.rows >= self.config.shard_rows
         if full:
             try:
@@ -304,6 +316,25 @@ class RecordStore:
                 # This record is acknowledged (it is in the WAL): raising would tell the caller otherwise. The rows
                 # stay in memory and the WAL; the next flush/close_session/close retries and raises if it fails again.
                 log.exception("record store %s: shard write failed; the rows are kept in the WAL", self.folder)
+
+    def _prompt_base(self, record: CallRecord, parts: RowParts) -> frames.PromptBase | None:
+        """The parent whose ids begin this record's prompt, when its frame is in a segment that goes with this one
+        (the buffer's: a cut takes both; the segments of rows already in a shard may be gone when this one is
+        read back). The record's word is checked (:func:`frames.extends`): a claim that does not hold gets a whole
+        frame, never a frame that recovery would rebuild wrong."""
+        parent, n = record.parent_call_id, record.prompt_reused_tokens
+        if parent is None or n == 0:
+            return None
+        with self._lock:
+            tokens = self._buffer.tokens.get(parent)
+        if tokens is None:
+            return None
+        if not frames.extends(parts[1][0], n, tokens):
+            log.debug(
+                "record %s: its first %d prompt ids are not %s's; its frame holds them all", record.call_id, n, parent
+            )
+            return None
+        return frames.PromptBase(parent, n)
 
     def _current_segment(self) -> wal.SegmentWriter:
         if self._segment is None:
@@ -435,7 +466,3 @@ class RecordStore:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _decode(frame: bytes, format_version: int) -> CallRecord:
-    return frames.decode(frame) if format_version >= 2 else frames.decode_arrow(frame)

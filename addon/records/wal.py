@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"HRLWAL"
-FORMAT_VERSION = 2  # 2: the store's payloads are addon.records.frames maps (1: Arrow IPC batches), same framing
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3  # the store's payloads: 3, frames maps, some of them deltas; 2, whole maps; 1, Arrow IPC batches
+READABLE_FORMATS = (1, 2, 3)
 _HEADER = struct.Struct("<6sHI")  # magic, WAL format version, record schema version
 _FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 _SEGMENT_NAME = re.compile(r"^wal-(\d{8})\.log$")
