@@ -5,7 +5,8 @@ Contract
 A segment is a file ``wal-NNNNNNNN.log`` in one folder. It starts with a fixed header (magic ``HRLWAL``, format
 version, schema version) and holds frames ``<u32 length><u32 crc32(payload)><payload>`` (little-endian). The WAL
 does not know what a payload is; the record store puts one record in each (:mod:`addon.records.frames`); the header's
-format version says which payloads a segment holds (format 1: one Arrow IPC record batch each; still read).
+format version says which payloads a segment holds (3: msgpack maps, some of them deltas of an earlier frame; 2:
+whole maps; 1: one Arrow IPC record batch each; all three still read).
 
 * :class:`SegmentWriter` appends a frame and returns only after ``write`` + ``fsync`` (an acknowledged frame is on
   disk). When a write fails it truncates the file back to the last whole frame, closes it and raises
