@@ -40,6 +40,7 @@ import msgspec
 import pyarrow as pa
 
 from addon.records.schema import SCALARS, SCHEMA, CallRecord, RowParts, from_row
+from addon.records.token_ids import FrozenIds
 
 if sys.byteorder != "little":
     raise ImportError("addon.records.frames writes token ids as little-endian int32: not on a big-endian host")
@@ -113,7 +114,7 @@ def encode(parts: RowParts, base: PromptBase | None = None) -> bytes:
     if base is not None:
         if not 0 < base.tokens <= len(tokens[0]):
             raise ValueError(f"a prompt base of {base.tokens} ids for a prompt of {len(tokens[0])}")
-        row["prompt_ids"] = row["prompt_ids"][4 * base.tokens :]
+        row["prompt_ids"] = raw(tokens[0].slice(base.tokens))
         row[_BASE] = (base.parent, base.tokens)
     try:
         return _encode(row)
@@ -160,7 +161,8 @@ class FrameReader:
             record = from_row(row)
         except (msgspec.DecodeError, KeyError, TypeError) as e:
             raise ValueError(f"WAL frame is not a record of this schema: {e!r:.200}") from e
-        self._sequences[record.call_id] = (prompt, completion)
+        held = record.tokens.prompt_ids  # the record's packed copy of these ids: hold that one, not a second
+        self._sequences[record.call_id] = (held.packed if isinstance(held, FrozenIds) else prompt, completion)
         return record
 
 
