@@ -44,6 +44,39 @@ def test_split_ids_equal_the_whole_texts_ids(renderer: PromptRenderer, head: str
     assert cache.encode(head + tail) == renderer.encode(head + tail)  # no end-of-turn: tokenised whole
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(text_piece, min_size=1, max_size=12), piece=st.integers(1, 60))
+def test_a_long_rest_tokenised_in_pieces_equals_the_whole_texts_ids(
+    renderer: PromptRenderer, turns: list[str], piece: int
+) -> None:
+    cache = LeadCache(renderer.encode, EOT, encode_batch=renderer.token_encoder.encode_batch, piece_chars=piece)
+    text = "lead" + EOT + "".join(f"\n<|im_start|>user\n{t}{EOT}" for t in turns) + "\n<|im_start|>assistant\n"
+    rest = text[text.index(EOT) + len(EOT) :]
+    pieces = cache.pieces(rest)
+    assert "".join(pieces) == rest
+    assert all(p.endswith(EOT) and len(p) >= piece for p in pieces[:-1])
+    assert cache.encode(text) == renderer.encode(text)
+
+
+def test_a_first_calls_rest_goes_to_the_batch_call_in_pieces(renderer: PromptRenderer) -> None:
+    calls: list[list[str]] = []
+
+    def batch(texts: list[str]) -> list[list[int]]:
+        calls.append(texts)
+        assert renderer.token_encoder.encode_batch is not None
+        return renderer.token_encoder.encode_batch(texts)
+
+    cache = LeadCache(renderer.encode, EOT, encode_batch=batch, piece_chars=1000)
+    turns = "".join(f"\n<|im_start|>user\nstep {i}: " + "run the tests again. " * 30 + EOT for i in range(12))
+    text = "<|im_start|>system\nYou edit files." + EOT + turns + "\n<|im_start|>assistant\n"
+    assert cache.encode(text) == renderer.encode(text)
+    assert len(calls) == 1 and len(calls[0]) > 4  # ~7.6k characters after the lead, in pieces of 1,000 or more
+    short = "<|im_start|>system\nx" + EOT + "\n<|im_start|>user\nhi" + EOT
+    assert cache.encode(short) == renderer.encode(short) and len(calls) == 1  # under two pieces: tokenised whole
+    with pytest.raises(ValueError, match="piece_chars"):
+        LeadCache(renderer.encode, EOT, piece_chars=0)
+
+
 def test_a_tokenizer_that_merges_across_the_end_of_turn_is_not_split() -> None:
     """A fake tokenizer (one id per two characters, so a split in the middle of a pair changes the ids): the probe
     fails and every text is tokenised whole."""

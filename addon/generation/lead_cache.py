@@ -14,6 +14,11 @@ call's new suffix after the end-of-turn id (:mod:`addon.generation.splice`). :me
 loaded tokenizer at start-up; a tokenizer where it does not hold (or a template without a special end-of-turn token)
 gets ``enabled = False`` and every text is tokenised whole, as before.
 
+The rest of a long text is cut after each end-of-turn token into pieces of at least ``piece_chars`` characters,
+tokenised in one ``encode_batch`` call when one is given (the Rust tokenizer works on the pieces in parallel on its
+thread pool: a first call's prompt of 128k tokens is ~0.5 MB of text, ~110 ms on one core). Exact for the same
+reason as the head's cut, and checked by the same probe.
+
 Bounded (LRU by characters; a head over a quarter of the bound is tokenised but not kept) and thread-safe: renders
 run in worker threads. Pure and synchronous.
 """
@@ -22,9 +27,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 Encode = Callable[[str], tuple[int, ...]]
+EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]
 
 # the probe's texts: a lead, then what may follow the end-of-turn token (a newline, a next turn, spaces, unicode)
 _PROBE_HEADS = ("system\nYou are a careful assistant. Tools: read, write.", "sys  \n\tx = 1 # é 東京 🙂", "x", "ab")
@@ -34,10 +40,20 @@ _PROBE_TAILS = ("\n", "\nuser\nhello", " leading space", "\n\n  indented\n", "é
 class LeadCache:
     """Token ids of leading turns by their text (see the module docstring)."""
 
-    def __init__(self, encode: Encode, eot_text: str, max_chars: int = 8 << 20) -> None:
-        if max_chars < 1:
-            raise ValueError(f"LeadCache max_chars must be at least 1, got {max_chars}")
+    def __init__(
+        self,
+        encode: Encode,
+        eot_text: str,
+        max_chars: int = 8 << 20,
+        *,
+        encode_batch: EncodeBatch | None = None,
+        piece_chars: int = 16 << 10,
+    ) -> None:
+        if max_chars < 1 or piece_chars < 1:
+            raise ValueError(f"LeadCache max_chars and piece_chars must be at least 1, got {max_chars}, {piece_chars}")
         self._encode = encode
+        self._encode_batch = encode_batch
+        self.piece_chars = piece_chars
         self.eot_text = eot_text
         self.max_chars = max_chars
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
@@ -74,7 +90,31 @@ class LeadCache:
         if ids is None:
             ids = self._encode(head)
             self._keep(head, ids)
-        return ids + self._encode(rest) if rest else ids
+        return ids + self._encode_rest(rest) if rest else ids
+
+    def _encode_rest(self, rest: str) -> tuple[int, ...]:
+        """The ids of what follows the lead: in pieces cut after end-of-turn tokens, one batch, when it is long."""
+        pieces = self.pieces(rest) if self._encode_batch is not None and len(rest) >= 2 * self.piece_chars else [rest]
+        if len(pieces) == 1:
+            return self._encode(rest)
+        assert self._encode_batch is not None
+        out: list[int] = []
+        for ids in self._encode_batch(pieces):
+            out.extend(ids)
+        return tuple(out)
+
+    def pieces(self, text: str) -> list[str]:
+        """``text`` cut after end-of-turn tokens into pieces of at least ``piece_chars`` (the last may be shorter)."""
+        out, start, eot = [], 0, self.eot_text
+        while start < len(text):
+            at = text.find(eot, start + self.piece_chars - len(eot)) if eot else -1
+            if at < 0:
+                out.append(text[start:])
+                break
+            cut = at + len(eot)
+            out.append(text[start:cut])
+            start = cut
+        return out
 
     def _keep(self, head: str, ids: tuple[int, ...]) -> None:
         if len(head) > self.max_chars // 4:

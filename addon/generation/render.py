@@ -18,7 +18,8 @@ Pipeline, one named step each:
 3. :meth:`PromptRenderer.render_text` — ``apply_chat_template(..., add_generation_prompt=True)``.
 4. Tokenise with ``add_special_tokens=False``: the template already writes every special token it wants (for
    SmolLM2 its BOS is ``<|im_start|>``, written by the template; a doubled BOS is refused as an internal
-   error).
+   error). The ids are the tokenizer's ``encode``'s, computed by the cheapest exact path
+   (:mod:`addon.generation.token_encoder`).
 
 Message mapping
 ---------------
@@ -66,6 +67,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from jinja2 import TemplateError
 
 from addon.generation.parser import CallKind, ParserSpec
+from addon.generation.token_encoder import token_encoder
 from converters.canonical import (
     ConversionError,
     ImagePart,
@@ -399,6 +401,7 @@ class PromptRenderer:
         # A dict of named templates resolves to its "tool_use" one if present; one template serves all requests.
         self.template: str = tokenizer.get_chat_template(chat_template, tools=[_probe_tool()])
         self.capabilities = detect_capabilities(self.template, self._apply)
+        self.token_encoder = token_encoder(tokenizer)  # the Rust backend's offset-free call where it is exact
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, spec: ParserSpec | None = None) -> PromptRenderer:
@@ -425,7 +428,7 @@ class PromptRenderer:
             raise ConversionError("invalid_request", f"the chat template refused the conversation: {e}") from e
 
     def encode(self, text: str) -> tuple[int, ...]:
-        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = tuple(self.token_encoder.encode(text))
         bos = self.tokenizer.bos_token_id
         if bos is not None and ids[:2] == (bos, bos):
             raise ConversionError("internal", "rendered prompt starts with a doubled BOS token")

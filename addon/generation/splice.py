@@ -116,7 +116,8 @@ class SpliceRenderer:
     * ``local``: the template renders a suffix the same whatever history precedes it (checked on probes).
     * ``renders_reasoning``: reasoning of an earlier turn appears in the rendered history.
     * ``leads``: a full render (a first call, a fork, a side request) takes the ids of its leading turn from the
-      process-wide :class:`~addon.generation.lead_cache.LeadCache` and tokenises only the rest.
+      process-wide :class:`~addon.generation.lead_cache.LeadCache` and tokenises only the rest (a long rest in
+      pieces cut after end-of-turn tokens, in parallel on the Rust tokenizer's thread pool).
     """
 
     def __init__(self, renderer: PromptRenderer, config: SpliceConfig | None = None) -> None:
@@ -134,7 +135,7 @@ class SpliceRenderer:
         eot_text = tok.decode([self.eot_id]) if self.eot_id is not None else ""
         self.close_rest = self.close_text[len(eot_text) :] if self.close_text.startswith(eot_text) else None
         # the ids of a rendered prompt's leading turn (instructions, tools), shared by the process's sessions
-        self.leads = LeadCache(renderer.encode, eot_text)
+        self.leads = LeadCache(renderer.encode, eot_text, encode_batch=renderer.token_encoder.encode_batch)
         self.renders_reasoning = self._probe_reasoning()
         self.local = self._probe_local()
 
