@@ -516,3 +516,21 @@ def test_a_session_holds_one_copy_of_its_history(splicer: SpliceRenderer) -> Non
         assert all(m is newest[i] for i, m in enumerate(node.messages))  # one object per message, shared
     again = plan(state, reqs[2], splicer)  # matching still finds the same parent
     assert (again.reason, again.parent_call_id) == ("extends", "c1")
+
+
+def test_a_history_already_shared_leaves_the_nodes_as_they_are(splicer: SpliceRenderer) -> None:
+    """The delta parse hands a call the previous request's unchanged message objects: the nodes already share
+    them, so none is rebuilt (re-pointing every node on every call made a call O(session length))."""
+    state, _, reqs, _ = tool_loop("anthropic", splicer, turns=1)
+    req = reqs[0]
+    for i in range(1, 5):
+        before = list(state.nodes)
+        comp = completion(i)
+        req = replace(
+            req,
+            messages=(*req.messages, assistant_message(completion(i - 1)), Message("user", (TextPart(f"go on {i}"),))),
+        )
+        assert run_call(state, splicer, f"c{i}", req, comp).reason == "extends"
+        assert all(a is b for a, b in zip(before, state.nodes[: len(before)], strict=True))  # not copies
+    newest = state.nodes[-1].messages
+    assert all(m is newest[i] for node in state.nodes for i, m in enumerate(node.messages))
