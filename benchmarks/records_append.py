@@ -4,7 +4,7 @@ Rows are realistic for coding agents: 8k prompt ids, 300 completion ids + logpro
 and a ~2 KB canonical completion (zstd-packed JSON), a few tool calls and identity hints.
 
     .venvs/proxy/bin/python benchmarks/records_append.py [--calls 1000] [--shard-rows 1000] [--dir PATH] \
-        [--threads 1 8 32]
+        [--threads 1 8 32] [--background-rounds 2]
 
 ``--dir`` picks the disk to measure (the default is a fresh folder under the system temp dir); fsync cost depends on
 it entirely. Printed: append p50/p99/max in ms (record -> WAL frame -> write -> fsync), the append that also
@@ -12,6 +12,8 @@ writes a shard, shard write rows/s and MB/s, bytes per row on disk, and read_rec
 appends the same rows from that many threads at once (as the addon's worker threads do) into a fresh store and
 prints acknowledged appends/s and the per-append latency: with one fsync per append, made under the store's lock,
 appends/s cannot exceed 1 / (write + fsync) however many threads wait (the figure group commit would raise).
+``--background-rounds`` then appends the rows into fresh stores with shards written inline and by the store's flusher
+thread (``background_shards``, the proxy's setting), alternating, and prints what the append that fills a buffer costs.
 """
 
 from __future__ import annotations
@@ -106,12 +108,38 @@ def concurrent_appends(folder: Path, recs: list[CallRecord], threads: int, shard
     )
 
 
+def filling_appends(folder: Path, recs: list[CallRecord], shard_rows: int, background: bool) -> list[float]:
+    """Append ``recs`` one by one; print the latency of the appends that fill a shard's buffer and of the rest."""
+    store = RecordStore.open(folder, "bench", StoreConfig(shard_rows=shard_rows, background_shards=background))
+    filling: list[float] = []
+    others: list[float] = []
+    for i, rec in enumerate(recs):
+        t = time.perf_counter()
+        store.append(rec)
+        (filling if (i + 1) % shard_rows == 0 else others).append(time.perf_counter() - t)
+    store.close()
+    assert read_records(folder, columns=["call_id"]).num_rows == len(recs)
+    mode = "background" if background else "inline"
+    print(
+        f"shards {mode}: the {len(filling)} appends that fill a buffer take {_ms(filling, 0.5):.1f} ms (median); "
+        f"the others p50 {_ms(others, 0.5):.2f} ms, p99 {_ms(others, 0.99):.2f} ms, max {max(others) * 1e3:.1f} ms",
+        flush=True,
+    )
+    return filling
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--shard-rows", type=int, default=1000)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--threads", type=int, nargs="*", default=[], help="concurrent appenders to measure")
+    parser.add_argument(
+        "--background-rounds",
+        type=int,
+        default=0,
+        help="then append the rows with shards written inline and by the flusher thread, alternating, this many times",
+    )
     args = parser.parse_args()
     if any(n < 1 for n in args.threads):
         parser.error("--threads takes positive counts")
@@ -159,6 +187,9 @@ def main() -> None:
         print(f"read_records: {args.calls / read_s:,.0f} rows/s")
         for n in args.threads:
             concurrent_appends(base / f"threads-{n}", recs, n, args.shard_rows)
+        for r in range(args.background_rounds):
+            for background in (False, True):
+                filling_appends(base / f"fill-{r}-{background}", recs, args.shard_rows, background)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

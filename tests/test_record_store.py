@@ -259,14 +259,63 @@ def test_close_session_puts_that_sessions_rows_in_shards(tmp_path: Path) -> None
     store.close()
 
 
+def test_background_shards_leave_the_filling_append_to_return_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection (a shard write held on an event): the append that fills the buffer returns once its record
+    is durable, while the flusher thread writes the shard; appends meanwhile start the next buffer."""
+    release, started = threading.Event(), threading.Event()
+    write_shard = record_store.files.write_shard
+
+    def held(*args: object, **kwargs: object) -> None:
+        started.set()
+        assert release.wait(30)
+        write_shard(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(record_store.files, "write_shard", held)
+    store = RecordStore.open(tmp_path, "run-1", StoreConfig(shard_rows=3, background_shards=True))
+    assert store.flusher is not None
+    for i in range(3):
+        store.append(make_record(i))  # the third fills the buffer: returns with the shard still unwritten
+    assert started.wait(30) and not list(tmp_path.glob("shard-*.parquet"))
+    store.append(make_record(3))  # acknowledged while the shard is written
+    assert store.buffered_rows == 1
+    release.set()
+    assert store.flusher.wait_idle(30) and store.flusher.failures == 0
+    assert sorted(_ids(tmp_path)) == sorted(make_record(i).call_id for i in range(3))
+    store.close()
+    assert sorted(_ids(tmp_path)) == sorted(make_record(i).call_id for i in range(4)) and _segments(tmp_path) == []
+
+
+def test_a_failed_background_shard_is_logged_kept_and_written_by_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_shard, fail = record_store.files.write_shard, [True]
+
+    def flaky(*args: object, **kwargs: object) -> None:
+        if fail.pop() if fail else False:
+            raise OSError(28, "No space left on device")
+        write_shard(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(record_store.files, "write_shard", flaky)
+    store = RecordStore.open(tmp_path, "run-1", StoreConfig(shard_rows=2, background_shards=True))
+    assert store.flusher is not None
+    for i in range(2):
+        store.append(make_record(i))  # acknowledged; the shard write fails on the flusher's thread
+    assert store.flusher.wait_idle(30) and store.flusher.failures == 1
+    assert "background shard write failed" in caplog.text and store.buffered_rows == 2
+    store.close()  # retries: the rows were kept
+    assert sorted(_ids(tmp_path)) == sorted(make_record(i).call_id for i in range(2)) and _segments(tmp_path) == []
+
+
 # ------------------------------------------------------------------------------------------------ recovery
 
 _CHILD = """
 import sys, time
 from addon.records.store import RecordStore, StoreConfig
 from tests.record_factory import session_chains
-folder, count, shard_rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-store = RecordStore.open(folder, "run-1", StoreConfig(shard_rows=shard_rows))
+folder, count, shard_rows, background = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+store = RecordStore.open(folder, "run-1", StoreConfig(shard_rows=shard_rows, background_shards=background))
 for i, record in enumerate(session_chains(count)):  # three sessions' tool loops: most frames are deltas
     store.append(record)
     print(i, flush=True)  # acknowledged: append returned
@@ -275,10 +324,12 @@ time.sleep(600)
 """
 
 
-def _run_and_kill(folder: Path, count: int, shard_rows: int, kill_after: int | None = None) -> list[int]:
+def _run_and_kill(
+    folder: Path, count: int, shard_rows: int, kill_after: int | None = None, background: bool = False
+) -> list[int]:
     """Run a child that appends, SIGKILL it (after ``kill_after`` acks, else once all are in), return the acks."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(folder), str(count), str(shard_rows)],
+        [sys.executable, "-c", _CHILD, str(folder), str(count), str(shard_rows), "1" if background else "0"],
         stdout=subprocess.PIPE,
         text=True,
         env=ENV,
@@ -322,8 +373,9 @@ def test_sigkill_before_the_shard_write_recovers_exactly_the_acknowledged(tmp_pa
     assert _stored(tmp_path) == _chain_rows(acked)  # the two rows rebuilt from delta frames included
 
 
-def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    acked = _run_and_kill(tmp_path, count=10_000, shard_rows=7, kill_after=40)
+@pytest.mark.parametrize("background", [False, True], ids=["shards-inline", "shards-in-background"])
+def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, background: bool) -> None:
+    acked = _run_and_kill(tmp_path, count=10_000, shard_rows=7, kill_after=40, background=background)
     with RecordStore.open(tmp_path):
         pass
     ids = _ids(tmp_path)

@@ -14,7 +14,9 @@ Contract
   crash. A call that extends a row still in memory (``parent_call_id``, ``prompt_reused_tokens``, checked) gets a
   delta frame, only the ids after the parent's: its parent's frame is in a segment of the same cut, retired with it.
   Records gather in memory; the append that fills a shard (``shard_rows``) writes it, converting them to Arrow in
-  one go (one row at a time cost ~5x more per row, on every call's path).
+  one go (one row at a time cost ~5x more per row, on every call's path); with ``background_shards`` it only asks a
+  :class:`~addon.records.flusher.ShardFlusher` thread to, and returns once its record is durable (the proxy's way:
+  the call that filled the buffer no longer waits for a whole shard).
 * A shard is written as ``shard-N.parquet.tmp``, fsynced, renamed to ``shard-N.parquet``; THEN the WAL segments
   holding its rows are deleted; the manifest (tmp + rename) comes last. A crash at any point leaves either the WAL
   or the shard holding each row, and recovery dedupes by ``call_id``.
@@ -55,6 +57,7 @@ import pyarrow.parquet as pq
 
 from addon.records import files, frames, wal
 from addon.records.files import RecordStoreError
+from addon.records.flusher import ShardFlusher
 from addon.records.schema import (
     RUN_ID_KEY,
     SCHEMA,
@@ -77,6 +80,8 @@ class StoreConfig:
     """Parquet row-group size (fixed): bounds reader memory to ~8 MB of prompt ids per group at 8k tokens."""
     compression_level: int = 1
     """zstd level of the shards: level 3 writes 2x slower for ~the same size on token ids (docs/records.md)."""
+    background_shards: bool = False
+    """Write a full buffer's shard on a background thread, not in the append that filled it (the proxy sets it)."""
 
     def __post_init__(self) -> None:
         if self.shard_rows < 1 or self.row_group_rows < 1:
@@ -150,6 +155,7 @@ class RecordStore:
         self.delta_frames = 0  # appends whose frame held only the prompt ids after its parent's (frames.PromptBase)
         self._closed = False
         self.recovery = RecoveryReport()
+        self.flusher = ShardFlusher(self._flush_full, f"records-{folder.name}") if config.background_shards else None
 
     # -------------------------------------------------------------------------------------------- open / recover
 
@@ -309,7 +315,7 @@ class RecordStore:
             self._appended += 1
             self.delta_frames += base is not None
             full = self._buffer.rows >= self.config.shard_rows
-        if full:
+        if full and not (self.flusher is not None and self.flusher.request()):
             try:
                 self._flush_if(lambda: self._buffer.rows >= self.config.shard_rows)
             except RecordStoreError:
@@ -361,6 +367,11 @@ class RecordStore:
     def close_session(self, session_id: str) -> None:
         """Return once every acknowledged record of ``session_id`` is in a shard."""
         self._flush_if(lambda: self._buffer.sessions[session_id] > 0 or self._failed.sessions[session_id] > 0)
+
+    def _flush_full(self) -> None:
+        """The flusher's job: a shard if the buffer is full. ``close`` stops the flusher before its own last flush,
+        so this never races it; it may run once more while ``close`` waits for it (closing: no open check)."""
+        self._flush_if(lambda: self._buffer.rows >= self.config.shard_rows, closing=True)
 
     def _flush_if(self, wanted: Callable[[], bool], closing: bool = False) -> None:
         with self._shard_lock:
@@ -451,6 +462,8 @@ class RecordStore:
                 return
             self._closed = True  # first, so that no append slips in after the final flush
         try:
+            if self.flusher is not None:
+                self.flusher.close()  # a shard it is writing is finished first; then the rest below
             self._flush_if(lambda: True, closing=True)
         finally:
             with self._lock:

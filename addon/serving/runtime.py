@@ -79,7 +79,10 @@ class Runtime:
         for line in tuning.apply_allocator(config.tuning):  # before the first worker thread allocates
             log.info("harnessrl: %s", line)
         store = await asyncio.to_thread(
-            RecordStore.open, config.records_dir, config.run_id, StoreConfig(shard_rows=config.shard_rows)
+            RecordStore.open,
+            config.records_dir,
+            config.run_id,
+            StoreConfig(shard_rows=config.shard_rows, background_shards=True),
         )
         runtime = cls(config, EnginePool.from_urls(config.engine_urls, wait_s=config.engine_wait_s), store)
         if config.peer_ports:
