@@ -73,6 +73,7 @@ def token_encoder(tokenizer: Any) -> TokenEncoder:
 
         differs = [t for t in _probe_texts(tokenizer) if fast(t) != slow(t)]
         if not differs:
+            log.info("harnessrl: tokenising with the Rust backend's encode_batch_fast (the probe gave encode's ids)")
             return TokenEncoder(fast, "backend-fast", batch)
         reason = f"its encode_batch_fast gave other ids than encode on the probe text {differs[0][:60]!r}"
     log.info("harnessrl: tokenising with the tokenizer's own encode: %s", reason)
