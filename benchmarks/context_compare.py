@@ -69,16 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(one(args.one, args.model_dir, args.contexts, args.calls, args.rate, args.seed)))
         return 0
-    if not args.compare:
-        ap.error("--compare LABEL=TREE [LABEL=TREE ...] is required")
-    trees = []
-    for item in args.compare:
-        label, sep, path = item.partition("=")
-        if not sep or not Path(path, "addon", "capture.py").is_file():
-            ap.error(f"--compare takes LABEL=TREE with TREE a source tree holding addon/capture.py; got {item!r}")
-        trees.append((label, Path(path).resolve()))
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # this process measures nothing itself: it imports only this tree
     from benchmarks import tree as facts
+
+    trees = facts.source_trees(args.compare, ap.error)
 
     speeds = [(name, rate) for name, rate in (("instant", 0.0), ("paced", args.token_rate)) if name in args.speeds]
     runs: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)

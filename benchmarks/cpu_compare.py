@@ -31,7 +31,9 @@ TARGETS = ("base", "mitm")
 
 
 def one(tree: Path, model_dir: str, target: str, sessions: int, seconds: float, rate: float) -> dict[str, Any]:
-    """One level with ``tree``'s proxy (this process imports ``tree``: run it in a fresh process)."""
+    """One level with ``tree``'s proxy (this process imports ``tree``: run it in a fresh process). The imports and
+    start-up are context_compare's ``one`` again on purpose: a helper of this tree would be imported from ``tree``,
+    where an older tree does not have it."""
     sys.path.insert(0, str(tree))
     from addon import launch
     from benchmarks import fake_engine
@@ -74,16 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         result = one(args.one, args.model_dir, args.target, args.sessions, args.seconds, args.token_rate)
         print(json.dumps(result))
         return 0
-    if not args.compare:
-        ap.error("--compare LABEL=TREE [LABEL=TREE ...] is required")
-    trees = []
-    for item in args.compare:
-        label, sep, path = item.partition("=")
-        if not sep or not Path(path, "addon", "capture.py").is_file():
-            ap.error(f"--compare takes LABEL=TREE with TREE a source tree holding addon/capture.py; got {item!r}")
-        trees.append((label, Path(path).resolve()))
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # this process measures nothing itself: it imports only this tree
     from benchmarks import tree as facts
+
+    trees = facts.source_trees(args.compare, ap.error)
 
     runs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     print("# CPU per call at one load level: tree against tree\n")

@@ -108,7 +108,7 @@ def concurrent_appends(folder: Path, recs: list[CallRecord], threads: int, shard
     )
 
 
-def filling_appends(folder: Path, recs: list[CallRecord], shard_rows: int, background: bool) -> list[float]:
+def filling_appends(folder: Path, recs: list[CallRecord], shard_rows: int, background: bool) -> None:
     """Append ``recs`` one by one; print the latency of the appends that fill a shard's buffer and of the rest."""
     store = RecordStore.open(folder, "bench", StoreConfig(shard_rows=shard_rows, background_shards=background))
     filling: list[float] = []
@@ -125,7 +125,6 @@ def filling_appends(folder: Path, recs: list[CallRecord], shard_rows: int, backg
         f"the others p50 {_ms(others, 0.5):.2f} ms, p99 {_ms(others, 0.99):.2f} ms, max {max(others) * 1e3:.1f} ms",
         flush=True,
     )
-    return filling
 
 
 def main() -> None:

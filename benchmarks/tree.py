@@ -6,7 +6,8 @@ against one engine URL and returns once each has bound to the engine and loaded 
 admin stats), so the CPU a level measures is that of its calls, not the ~1 s of CPU a proxy's start-up takes;
 :func:`cpu_seconds` and :func:`rss_bytes` read ``/proc`` for a process and its children
 (mitmdump forks nothing, but the sum keeps the figure honest if it ever does); :func:`machine_facts` is the header
-every results page carries. Linux only (``/proc``).
+every results page carries; :func:`source_trees` reads the ``--compare LABEL=TREE`` arguments of the tree-against-tree
+benchmarks. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,19 @@ def machine_facts() -> MachineFacts:
             break
     mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
     return MachineFacts(platform.node(), os.cpu_count() or 0, model, mem, platform.python_version(), platform.release())
+
+
+def source_trees(items: Sequence[str], error: Callable[[str], object]) -> list[tuple[str, Path]]:
+    """``--compare LABEL=TREE ...`` as (label, resolved tree); ``error`` (``ArgumentParser.error``) for a bad item."""
+    if not items:
+        error("--compare LABEL=TREE [LABEL=TREE ...] is required")
+    trees = []
+    for item in items:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path, "addon", "capture.py").is_file():
+            error(f"--compare takes LABEL=TREE with TREE a source tree holding addon/capture.py; got {item!r}")
+        trees.append((label, Path(path).resolve()))
+    return trees
 
 
 def start_proxies(
