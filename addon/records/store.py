@@ -155,7 +155,7 @@ class RecordStore:
         self.delta_frames = 0  # appends whose frame held only the prompt ids after its parent's (frames.PromptBase)
         self._closed = False
         self.recovery = RecoveryReport()
-        self.flusher = ShardFlusher(self._flush_full, f"records-{folder.name}") if config.background_shards else None
+        self.flusher: ShardFlusher | None = None  # started by open() once recovery succeeded (background_shards)
 
     # -------------------------------------------------------------------------------------------- open / recover
 
@@ -181,6 +181,8 @@ class RecordStore:
         except BaseException:
             lock_file.close()
             raise
+        if store.config.background_shards:  # not before: a store that failed to open leaves no thread behind
+            store.flusher = ShardFlusher(store._flush_full, f"records-{path.name}")
         return store
 
     def _recover(self, run_id: str | None) -> None:
