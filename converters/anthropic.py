@@ -109,10 +109,16 @@ def parse_body(
     raw_tools = expect(obj, "tools", list, "body") or []
     tools = reuse.value("tools", lambda: parse_tools(raw_tools, fields)) if reuse else parse_tools(raw_tools, fields)
     tool_choice, parallel = parse_tool_choice(obj.get("tool_choice")) if tools else (None, None)
+    # The system prompt from the previous request when its bytes are unchanged: the very same message object, so
+    # the session graph sees the whole shared history as one copy (an identity check, not a walk of every node).
+    raw_system = obj.get("system")
+    system = (
+        reuse.value("system", lambda: parse_system(raw_system, fields)) if reuse else parse_system(raw_system, fields)
+    )
     return ModelRequest(
         format="anthropic",
         model=model,
-        messages=parse_system(obj.get("system"), fields) + parse_messages(messages, fields, reuse),
+        messages=system + parse_messages(messages, fields, reuse),
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,

@@ -376,14 +376,22 @@ def parse_request(
     """A Gemini request body -> ModelRequest (see the module docstring for the mapping). ``reuse``: the session's
     previous request's contents (:mod:`converters.delta`; each content parses on its own)."""
     fields = fields if fields is not None else UnknownFields()
-    obj = _camel(reuse.load(body, "contents", "gemini") if reuse is not None else load_json_object(body))
+    loaded = reuse.load(body, "contents", "gemini") if reuse is not None else load_json_object(body)
+    obj = _camel(loaded)
     if not route.model:
         raise ConversionError("not_found", f"no model in the route {route.path!r}")
     fields.check("body", obj, _BODY_KEYS)
     contents = expect(obj, "contents", list, "body", required=True)
     if not contents:
         raise _bad("contents: must not be empty", "contents")
-    system = _parse_system(obj.get("systemInstruction"), fields)
+    raw_system = obj.get("systemInstruction")
+    # unchanged bytes: the previous request's very message object (see converters.anthropic), under the name the
+    # client used (the REST API takes both spellings)
+    spelled = next((k for k in ("systemInstruction", "system_instruction") if k in loaded), None)
+    if reuse is not None and spelled is not None:
+        system = reuse.value(spelled, lambda: _parse_system(raw_system, fields))
+    else:
+        system = _parse_system(raw_system, fields)
     if reuse is not None:
         messages = tuple(reuse.items(contents, lambda c, i: _parse_content(c, f"contents[{i}]", fields)))
     else:

@@ -127,8 +127,12 @@ def parse_request(
         messages = tuple(history) + messages
     instructions = expect(obj, "instructions", str, "body")
     if instructions is not None:
-        lead = Message("system", (TextPart(instructions),), wire_state({"source": "instructions"}))
-        messages = (lead,) + messages
+
+        def lead() -> Message:
+            return Message("system", (TextPart(instructions),), wire_state({"source": "instructions"}))
+
+        # unchanged bytes: the previous request's very message object (see converters.anthropic)
+        messages = (reuse.value("instructions", lead) if reuse else lead(),) + messages
     raw_tools = obj.get("tools")
     listed = (
         reuse.value("tools", lambda: _parse_tools(raw_tools, "body.tools", sink))

@@ -271,3 +271,42 @@ def test_memo_results_are_messages_for_each_format() -> None:
     parse("chat", json.dumps(body).encode(), reuse)
     memo = reuse.memo()
     assert memo is not None and isinstance(memo.results[0], Message) and memo.key == "messages"
+
+
+SYSTEM_BODIES = {
+    "anthropic": lambda system, n: {
+        "model": "m",
+        "max_tokens": 5,
+        "system": [{"type": "text", "text": system}],
+        "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(n)],
+    },
+    "responses": lambda system, n: {
+        "model": "m",
+        "instructions": system,
+        "input": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(n)],
+    },
+    "gemini": lambda system, n: {
+        "systemInstruction": {"parts": [{"text": system}]},
+        "contents": [{"role": "user" if i % 2 == 0 else "model", "parts": [{"text": f"m{i}"}]} for i in range(n)],
+    },
+    "gemini-snake": lambda system, n: {
+        "system_instruction": {"parts": [{"text": system}]},
+        "contents": [{"role": "user" if i % 2 == 0 else "model", "parts": [{"text": f"m{i}"}]} for i in range(n)],
+    },
+}
+
+
+@pytest.mark.parametrize("variant", sorted(SYSTEM_BODIES))
+def test_an_unchanged_system_prompt_is_the_previous_calls_message_object(variant: str) -> None:
+    # The session graph keeps one copy of a session's history by identity (addon.generation.session_graph): a
+    # system prompt parsed anew each call made it walk every node of the session on every call.
+    fmt, make = variant.split("-")[0], SYSTEM_BODIES[variant]
+    bodies = [json.dumps(make("be brief", 1)), json.dumps(make("be brief", 3)), json.dumps(make("be verbose", 5))]
+    results = chain(fmt, [b.encode() for b in bodies])
+    (_, first), (_, second), (_, third) = results
+    assert isinstance(first, ModelRequest) and isinstance(second, ModelRequest) and isinstance(third, ModelRequest)
+    assert first.messages[0].role == "system" and first.messages[0].text == "be brief"
+    assert all(a is b for a, b in zip(first.messages, second.messages[: len(first.messages)], strict=True))
+    assert third.messages[0].text == "be verbose" and third.messages[0] is not second.messages[0]
+    for body, (_, got) in zip(bodies, results, strict=True):
+        assert got == parse(fmt, body.encode())
