@@ -534,3 +534,26 @@ def test_a_history_already_shared_leaves_the_nodes_as_they_are(splicer: SpliceRe
         assert all(a is b for a, b in zip(before, state.nodes[: len(before)], strict=True))  # not copies
     newest = state.nodes[-1].messages
     assert all(m is newest[i] for node in state.nodes for i, m in enumerate(node.messages))
+
+
+def test_an_edited_old_message_re_points_only_the_nodes_that_reach_it(splicer: SpliceRenderer) -> None:
+    """A harness that edits an old message (Claude Code moves its cache_control marker) makes the delta parse hand
+    a call new objects from that message on: only the nodes whose history reaches it are rebuilt, onto the call's
+    objects, and the session still holds one copy of its history."""
+    state, _, reqs, _ = tool_loop("anthropic", splicer, turns=1)
+    req = reqs[0]
+    for i in range(1, 5):
+        req = replace(
+            req,
+            messages=(*req.messages, assistant_message(completion(i - 1)), Message("user", (TextPart(f"go on {i}"),))),
+        )
+        run_call(state, splicer, f"c{i}", req, completion(i))
+    edited = len(state.nodes[2].messages)  # the first message that node 3 added, re-parsed as an equal new object
+    before = list(state.nodes)
+    fresh = tuple(replace(m) if k >= edited else m for k, m in enumerate(req.messages))
+    req = replace(req, messages=(*fresh, assistant_message(completion(4)), Message("user", (TextPart("go on 5"),))))
+    assert run_call(state, splicer, "c5", req, completion(5)).reason == "extends"
+    kept = [a is b for a, b in zip(before, state.nodes, strict=False)]
+    assert kept == [len(n.messages) <= edited for n in before] == [True, True, True, False, False]
+    newest = state.nodes[-1].messages
+    assert all(m is newest[i] for node in state.nodes for i, m in enumerate(node.messages))

@@ -21,6 +21,7 @@ call is rendered in full.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from array import array
@@ -120,14 +121,20 @@ class SessionState:
         parent = self.node(parent_id)
         assert parent is not None
         old, head = parent.messages, child.messages[: len(parent.messages)]
-        if len(head) != len(old) or all(map(operator.is_, old, head)):
-            # Already one copy: the delta parse (converters.delta) hands the child the parent's unchanged message
-            # objects, and every node sharing them was pointed at them before. Re-pointing each node anyway cost
-            # a dataclasses.replace per node per call (O(session length) per call, ~0.25 ms at 250 calls).
+        if len(head) != len(old):
             return
+        # The first message that is another object in the child. The delta parse (converters.delta) hands the
+        # child the parent's unchanged message objects, so this is usually the end (one copy already) or near it:
+        # a harness that edits an old message (Claude Code moves its cache_control marker) re-parses from there.
+        same = next(itertools.compress(itertools.count(), map(operator.is_not, old, head)), len(old))
+        if same == len(old):
+            return
+        # Only the nodes whose history reaches past ``same`` hold objects the child does not: re-pointing the
+        # others would swap a tuple of the very same objects (a dataclasses.replace per node per call: O(session
+        # length) per call, ~0.25 ms at 250 calls).
         for k, n in enumerate(self.nodes):
             m = n.messages
-            if m and len(m) <= len(old) and m[-1] is old[len(m) - 1]:
+            if same < len(m) <= len(old) and m[-1] is old[len(m) - 1]:
                 self.nodes[k] = replace(n, messages=head[: len(m)])
 
     @property
