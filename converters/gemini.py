@@ -386,10 +386,10 @@ def parse_request(
         raise _bad("contents: must not be empty", "contents")
     raw_system = obj.get("systemInstruction")
     # unchanged bytes: the previous request's very message object (see converters.anthropic), under the name the
-    # client used (the REST API takes both spellings)
-    spelled = next((k for k in ("systemInstruction", "system_instruction") if k in loaded), None)
-    if reuse is not None and spelled is not None:
-        system = reuse.value(spelled, lambda: _parse_system(raw_system, fields))
+    # client used (the REST API takes both spellings; with both, the later one counts: parsed anew)
+    spelled = [k for k in ("systemInstruction", "system_instruction") if k in loaded]
+    if reuse is not None and len(spelled) == 1:
+        system = reuse.value(spelled[0], lambda: _parse_system(raw_system, fields))
     else:
         system = _parse_system(raw_system, fields)
     if reuse is not None:

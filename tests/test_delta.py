@@ -310,3 +310,15 @@ def test_an_unchanged_system_prompt_is_the_previous_calls_message_object(variant
     assert third.messages[0].text == "be verbose" and third.messages[0] is not second.messages[0]
     for body, (_, got) in zip(bodies, results, strict=True):
         assert got == parse(fmt, body.encode())
+
+
+def test_a_gemini_body_with_both_spellings_of_its_system_prompt_parses_as_alone() -> None:
+    def body(camel: str, snake: str, n: int) -> bytes:
+        contents = [{"role": "user" if i % 2 == 0 else "model", "parts": [{"text": f"m{i}"}]} for i in range(n)]
+        system = {"systemInstruction": {"parts": [{"text": camel}]}, "system_instruction": {"parts": [{"text": snake}]}}
+        return json.dumps(system | {"contents": contents}).encode()
+
+    bodies = [body("a", "b", 1), body("a", "c", 3)]  # only the later spelling, the one that counts, changes
+    for raw, (_, got) in zip(bodies, chain("gemini", bodies), strict=True):
+        assert isinstance(got, ModelRequest) and got == parse("gemini", raw)
+    assert got.messages[0].text == "c"
