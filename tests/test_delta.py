@@ -322,3 +322,34 @@ def test_a_gemini_body_with_both_spellings_of_its_system_prompt_parses_as_alone(
     for raw, (_, got) in zip(bodies, chain("gemini", bodies), strict=True):
         assert isinstance(got, ModelRequest) and got == parse("gemini", raw)
     assert got.messages[0].text == "c"
+
+
+def test_chat_tool_results_take_their_calls_kind_from_reused_and_new_messages() -> None:
+    # A result inherits the kind of the latest call of its id before it. Calls in the reused history are searched
+    # only when needed (converters.chat._CallKinds): ids repeat across turns here with other kinds, and a result
+    # answers a call several turns back.
+    def call(cid: str, kind: str) -> dict[str, Any]:
+        body = {"name": "f", "arguments": "{}"} if kind == "function" else {"name": "g", "input": "x"}
+        return {"id": cid, "type": kind, kind: body}
+
+    turns = [
+        {"role": "assistant", "tool_calls": [call("a", "custom"), call("b", "function")]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "assistant", "tool_calls": [call("a", "function"), call("c", "custom")]},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "tool", "tool_call_id": "c", "content": "3"},
+        {"role": "tool", "tool_call_id": "a", "content": "4"},
+        {"role": "assistant", "tool_calls": [call("b", "custom")]},
+        {"role": "tool", "tool_call_id": "b", "content": "5"},
+        {"role": "tool", "tool_call_id": "c", "content": "6"},
+    ]
+    bodies = [
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "go"}, *turns[:n]]}).encode()
+        for n in range(1, len(turns) + 1)
+    ]
+    results = chain("chat", bodies)
+    for body, (_, got) in zip(bodies, results, strict=True):
+        assert isinstance(got, ModelRequest) and got == parse("chat", body)
+    kinds = [m.parts[0].kind for m in results[-1][1].messages if m.role == "tool"]  # type: ignore[union-attr]
+    assert kinds == ["custom", "function", "custom", "function", "custom", "custom"]
+    assert results[-1][0].reused == len(turns)  # the user message and every turn but the last
