@@ -49,7 +49,12 @@ def _manifest(folder: Path) -> dict:
 # ------------------------------------------------------------------------------------------------ basics
 
 
-def test_round_trip_shards_row_groups_and_manifest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("convert_rows", [record_store.CONVERT_ROWS, 3])
+def test_round_trip_shards_row_groups_and_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, convert_rows: int
+) -> None:
+    # a shard's rows are converted to Arrow a few at a time (3: batches that do not line up with the row groups)
+    monkeypatch.setattr(record_store, "CONVERT_ROWS", convert_rows)
     recs = [make_record(i, session_id=f"s{i % 3}") for i in range(23)]
     with RecordStore.open(tmp_path, "run-1", StoreConfig(shard_rows=10, row_group_rows=4)) as store:
         for rec in recs:

@@ -71,6 +71,8 @@ from addon.records.schema import (
 
 log = logging.getLogger(__name__)
 
+CONVERT_ROWS = 100  # rows converted to Arrow at a time when a shard is written (see RecordStore._write_shard)
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -417,8 +419,12 @@ class RecordStore:
         """Write ``shard-index.parquet`` durably (see :func:`addon.records.files.write_shard`)."""
         name = f"shard-{index:05d}.parquet"
         metadata = {**(SCHEMA.metadata or {}), RUN_ID_KEY: self.run_id.encode()}
-        # One batch of all the rows (one chunk per column: the Parquet writer is ~10x slower on one-row chunks).
-        table = pa.Table.from_batches([rows_batch(cut.parts)], schema=SCHEMA).replace_schema_metadata(metadata)
+        # Batches of CONVERT_ROWS rows: converting the rows' Python values holds the GIL, and a whole shard's at
+        # once stalled the event loop (every call in flight) for 60-100 ms at 150 KB request blobs; 100-row batches
+        # hold it 8-14 ms each, cost the same in all, and the Parquet writer took ~20% less time on them
+        # (one-row chunks, by contrast, made it ~10x slower).
+        batches = [rows_batch(cut.parts[k : k + CONVERT_ROWS]) for k in range(0, len(cut.parts), CONVERT_ROWS)]
+        table = pa.Table.from_batches(batches, schema=SCHEMA).replace_schema_metadata(metadata)
         files.write_shard(self.folder / name, table, self.config.compression_level, self.config.row_group_rows)
         with self._lock:  # counts() reads these from other threads
             self._shards[name] = table.num_rows
