@@ -36,6 +36,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 from typing import Any, TypeVar
 
 import msgspec
@@ -237,6 +239,12 @@ class ListReuse:
             self._head = list(layout).index(key)
         self._fields = tuple((k, v, obj[k]) for k, (_, v) in layout.items() if k != key)
         return obj
+
+
+def same_objects(before: Sequence[Any], after: Sequence[Any]) -> int:
+    """How many leading items of ``after`` are the very objects of ``before`` (found in C, no Python loop): what a
+    caller holding the previous call's parse skips, since the reused items are those objects."""
+    return next(compress(count(), map(is_not, before, after)), min(len(before), len(after)))
 
 
 def _walk(text: bytes) -> dict[str, tuple[int, bytes]] | None:

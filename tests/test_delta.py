@@ -17,7 +17,7 @@ from test_dialects import ROUTES, conversations
 
 from converters import WIRE_FORMATS, dialect_for
 from converters.canonical import ConversionError, Message, ModelRequest
-from converters.delta import REUSED, ListMemo, ListReuse
+from converters.delta import REUSED, ListMemo, ListReuse, same_objects
 
 KEYS = {"chat": "messages", "responses": "input", "anthropic": "messages", "gemini": "contents"}
 STYLES = {
@@ -353,3 +353,11 @@ def test_chat_tool_results_take_their_calls_kind_from_reused_and_new_messages() 
     kinds = [m.parts[0].kind for m in results[-1][1].messages if m.role == "tool"]  # type: ignore[union-attr]
     assert kinds == ["custom", "function", "custom", "function", "custom", "custom"]
     assert results[-1][0].reused == len(turns)  # the user message and every turn but the last
+
+
+def test_same_objects_counts_the_leading_run_of_identical_items() -> None:
+    a, b, c = ["x"], ["x"], ["y"]  # a == b but not the same object
+    assert same_objects((a, c), (a, c, b)) == 2
+    assert same_objects((a, c, b), (a, c)) == 2
+    assert same_objects((a, c), (b, c)) == 0
+    assert same_objects((), (a,)) == 0

@@ -21,8 +21,6 @@ call is rendered in full.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import threading
 from array import array
 from collections.abc import Sequence
@@ -31,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from addon.generation.lineage import Context, SplicePlan
 from addon.records import token_ids
-from converters.delta import ListMemo
+from converters.delta import ListMemo, same_objects
 
 if TYPE_CHECKING:
     from converters.canonical import FinishReason, Message
@@ -134,7 +132,7 @@ class SessionState:
         # The first message that is another object in the child. The delta parse (converters.delta) hands the
         # child the parent's unchanged message objects, so this is usually the end (one copy already) or near it:
         # a harness that edits an old message (Claude Code moves its cache_control marker) re-parses from there.
-        same = next(itertools.compress(itertools.count(), map(operator.is_not, old, head)), len(old))
+        same = same_objects(old, head)
         if same == len(old):
             return
         # Only the nodes whose history reaches past ``same`` hold objects the child does not: re-pointing the

@@ -27,13 +27,12 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from itertools import compress, count
-from operator import is_not
 from typing import Any, Final
 
 import pyarrow as pa
 
 from converters.canonical import ToolSpec
+from converters.delta import same_objects
 
 # ------------------------------------------------------------------------------------------------ encoding
 
@@ -217,7 +216,7 @@ class CanonicalJson:
         old_values, old_texts = previous
         # the leading run of the very same objects (the delta parse hands a call its session's previous ones), found
         # in C: a Python loop over every message was O(session length) per call
-        same = next(compress(count(), map(is_not, old_values, values)), min(len(old_values), len(values)))
+        same = same_objects(old_values, values)
         texts, reused = list(old_texts[:same]), same
         for i in range(same, len(values)):
             value = values[i]
