@@ -93,6 +93,8 @@ class ItemReuse(Protocol):
 
     def value(self, name: str, parse: Callable[[], T]) -> T: ...
 
+    def derived(self, name: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T: ...
+
 
 class StreamEncoder(ABC):
     """Sans-IO stream transducer: canonical events in, wire bytes out. One instance per response."""

@@ -10,8 +10,9 @@ next (its body, where each of its list's items ends, and what each item was pars
 one call's view: ``load(body, key, scope)`` returns the body's top-level object with ``obj[key]`` a list whose first
 ``reused`` entries are :data:`REUSED` (their decoded value is not built), and ``items(obj[key], parse_one)`` returns
 the parsed items, the reused ones from the memo; ``value(name, parse)`` does the same for one other top-level field
-(the tools: a harness sends the same ones every call), taken when its bytes equal the previous request's. ``memo()``
-is what the next call compares with.
+(the tools: a harness sends the same ones every call), taken when its bytes equal the previous request's;
+``derived(name, sources, build)`` gives back what the previous call built from the very same parsed objects (the
+Responses API's assistant turn, joined from several input items). ``memo()`` is what the next call compares with.
 
 Correctness rests on two facts, both checked, never assumed: (1) the new body starts with exactly the previous
 body's bytes up to the end of item ``j - 1`` (one ``startswith``), so those items, and everything before the list,
@@ -35,9 +36,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, count
-from operator import is_not
+from operator import is_, is_not
 from typing import Any, TypeVar
 
 import msgspec
@@ -78,6 +79,9 @@ class ListMemo:
     fields: tuple[tuple[str, bytes, Any], ...] = ()
     head: int = 0
     values: tuple[tuple[str, bytes, Any], ...] = ()  # a top-level field's bytes and what they were parsed into
+    # (name, id of the first source) -> the sources and what was built from them (see ListReuse.derived); the memo
+    # holds the sources, so their ids cannot be reused by other objects while an entry lives
+    derived: Mapping[tuple[str, int], tuple[tuple[Any, ...], Any]] = field(default_factory=dict)
 
 
 class ListReuse:
@@ -96,6 +100,7 @@ class ListReuse:
         self._head = 0
         self.parsed = 0  # items parsed (not reused)
         self._values: list[tuple[str, bytes, Any]] = []
+        self._derived: dict[tuple[str, int], tuple[tuple[Any, ...], Any]] = {}
 
     def load(self, body: bytes | Mapping[str, Any], key: str, scope: str) -> Mapping[str, Any]:
         """The body's top-level object; ``obj[key]``'s first :attr:`reused` entries are :data:`REUSED`. ``scope``
@@ -144,6 +149,21 @@ class ListReuse:
             self._values.append((name, raw, result))
         return result
 
+    def derived(self, name: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T:
+        """``build()``, or the object the previous call built under ``name`` from the very same ``sources`` (each
+        one the same object: reused items are), so that what is built from reused items is itself the object the
+        session graph already holds (its checks go by identity), as a reused item is."""
+        if not sources:
+            return build()
+        key = (name, id(sources[0]))
+        before = self.previous.derived.get(key) if self.previous is not None else None
+        if before is not None and len(before[0]) == len(sources) and all(map(is_, before[0], sources)):
+            result: T = before[1]
+        else:
+            result = build()
+        self._derived[key] = (sources, result)
+        return result
+
     def memo(self) -> ListMemo | None:
         """What the next call of the session compares with; None when this body gave nothing to compare."""
         if self._key is None or self._ends is None or self._results is None or len(self._results) != len(self._ends):
@@ -158,6 +178,7 @@ class ListReuse:
             self._fields,
             self._head,
             tuple(self._values),
+            self._derived,
         )
 
     # --------------------------------------------------------------------------------------------------- decode

@@ -88,7 +88,7 @@ def parse_input(
         parsed = [_parse_one(item, i, sink) for i, item in enumerate(raw)]
     pieces = [p for p in parsed if isinstance(p, Message)]
     carriers = [(i, p[1]) for i, p in enumerate(parsed) if not isinstance(p, Message)]
-    return _merge_assistant(pieces), carriers
+    return _merge_assistant(pieces, reuse), carriers
 
 
 def _parse_one(item: Any, i: int, sink: UnknownFields) -> Message | tuple[str, Mapping[str, Any]]:
@@ -116,15 +116,32 @@ def _parse_item(kind: Any, item: Mapping[str, Any], where: str, sink: UnknownFie
     raise invalid(f"{where}: unsupported input item type {kind!r}", "input")
 
 
-def _merge_assistant(pieces: list[Message]) -> tuple[Message, ...]:
-    """Join consecutive plain assistant messages: one model turn is one canonical message."""
+def _merge_assistant(pieces: list[Message], reuse: ItemReuse | None = None) -> tuple[Message, ...]:
+    """Join consecutive plain assistant messages: one model turn is one canonical message. A turn joined from the
+    very items the session's previous call joined is that call's message object (``reuse.derived``): a new one
+    each call made the session graph re-point every node from the first such turn on (~1 ms a call at 250 calls)."""
     out: list[Message] = []
+    run: list[Message] = []
+
+    def close_run() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            sources = tuple(run)
+
+            def join() -> Message:
+                return Message("assistant", tuple(p for m in sources for p in m.parts))
+
+            out.append(reuse.derived("assistant_turn", sources, join) if reuse is not None else join())
+        run.clear()
+
     for m in pieces:
-        prev = out[-1] if out else None
-        if prev and m.role == prev.role == "assistant" and m.provider_state is None and prev.provider_state is None:
-            out[-1] = Message("assistant", prev.parts + m.parts)
+        if m.role == "assistant" and m.provider_state is None:
+            run.append(m)
         else:
+            close_run()
             out.append(m)
+    close_run()
     return tuple(out)
 
 

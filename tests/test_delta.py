@@ -73,6 +73,10 @@ def test_a_growing_session_parses_as_each_body_alone(fmt: str, request: ModelReq
         assert got == parse(fmt, body)
         if i and isinstance(got, ModelRequest) and isinstance(results[i - 1][1], ModelRequest):
             assert reuse.reused == i  # every item of the previous call
+            # and every message of it is the very same object, but its last (the new item may extend that one: a
+            # Responses assistant turn joined from several items); the session graph goes by identity
+            before = results[i - 1][1].messages
+            assert same_objects(before, got.messages) >= len(before) - 1
     last, previous = results[-1], results[-2] if len(results) > 1 else None
     if previous is not None and isinstance(last[1], ModelRequest) and isinstance(previous[1], ModelRequest):
         memo = previous[0].memo()
@@ -361,3 +365,49 @@ def test_same_objects_counts_the_leading_run_of_identical_items() -> None:
     assert same_objects((a, c, b), (a, c)) == 2
     assert same_objects((a, c), (b, c)) == 0
     assert same_objects((), (a,)) == 0
+
+
+def test_derived_gives_back_what_the_previous_call_built_from_the_same_objects() -> None:
+    a, b, c = ["a"], ["b"], ["c"]
+    first = ListReuse(None)
+    body = b'{"input": [1, 2]}'
+    first.load(body, "input", "t")
+    first.items([1, 2], _tag)
+    built = first.derived("turn", (a, b), lambda: "ab")
+    assert built == "ab" and first.derived("turn", (), lambda: "none") == "none"
+    second = ListReuse(first.memo())
+    second.load(body, "input", "t")
+    second.items([1, 2], _tag)
+    kept = ["ab, again"]
+    assert second.derived("turn", (a, b), lambda: kept) == "ab"  # the very same sources: the previous result
+    assert second.derived("turn", (a, b, c), lambda: kept) is kept  # a source more
+    assert second.derived("other", (a, b), lambda: kept) is kept  # built under another name
+    third = ListReuse(second.memo())
+    assert third.derived("turn", (["a"], b), lambda: kept) is kept  # an equal source is not the same one
+    assert third.derived("turn", (a, b, c), lambda: "new") is kept  # the second call's entry, not the first's
+
+
+def test_a_responses_turn_of_several_items_is_the_previous_calls_message_until_it_grows() -> None:
+    def body(items: list[dict[str, Any]]) -> bytes:
+        return json.dumps({"model": "m", "input": items}).encode()
+
+    user = {"type": "message", "role": "user", "content": "list the files"}
+
+    def call(k: int) -> dict[str, Any]:
+        return {"type": "function_call", "call_id": f"c{k}", "name": "ls", "arguments": "{}"}
+
+    def output(k: int) -> dict[str, Any]:
+        return {"type": "function_call_output", "call_id": f"c{k}", "output": "a.txt"}
+
+    bodies = [
+        body([user, call(1), call(2)]),
+        body([user, call(1), call(2), call(3)]),  # the turn grows by a third call
+        body([user, call(1), call(2), call(3), output(1), output(2), output(3)]),
+    ]
+    results = [got for _, got in chain("responses", bodies)]
+    for raw, got in zip(bodies, results, strict=True):
+        assert isinstance(got, ModelRequest) and got == parse("responses", raw)
+    first, second, third = results
+    assert [len(m.parts) for m in first.messages] == [1, 2]  # type: ignore[union-attr]
+    assert second.messages[1] is not first.messages[1] and len(second.messages[1].parts) == 3  # type: ignore[union-attr]
+    assert second.messages[1] is third.messages[1]  # type: ignore[union-attr]
