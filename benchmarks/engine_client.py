@@ -3,7 +3,9 @@
 One process, one connection, calls one after another against the FAKE engine (``benchmarks/fake_engine.py``, every
 token at once), so the figure is the client's own CPU per call (``getrusage`` of this process) plus the round trip.
 Each round measures every client in turn on the same prompt; ratios between clients in one round are what to read.
-This is why ``EngineClient.stream`` uses aiohttp (the control requests stay on httpx).
+This is why ``EngineClient.stream`` uses aiohttp (the control requests stay on httpx). ``EngineClient.stream``
+formats the prompt's JSON list per call; "prompt JSON ready" is how the proxy calls it (the list made beforehand,
+off the event loop, from the session's previous prompt).
 
 Usage (proxy env, from the repository root)::
 
@@ -30,6 +32,7 @@ if str(ROOT) not in sys.path:
 
 from addon import launch  # noqa: E402
 from addon.engine.client import EngineClient, GenerationRequest  # noqa: E402
+from addon.records.token_ids import FrozenIds, JsonIds  # noqa: E402
 from benchmarks import fake_engine  # noqa: E402
 
 HEADERS = {"content-type": "application/json"}
@@ -63,6 +66,16 @@ async def _engine_client(url: str, req: GenerationRequest, n: int) -> None:
                 pass
 
 
+async def _engine_client_ready(url: str, ids: JsonIds, max_tokens: int, n: int) -> None:
+    """As the generator calls it: the prompt's ids packed and their JSON made beforehand (its planning thread does
+    both, from the session's previous prompt), the request built per call on the loop."""
+    async with EngineClient(url) as client:
+        for _ in range(n):
+            req = GenerationRequest(prompt_ids=FrozenIds.adopt(ids.ids), max_tokens=max_tokens, prompt_json=ids)
+            async for _chunk in client.stream(req):
+                pass
+
+
 def measure(run: Callable[[int], Awaitable[None]], calls: int) -> tuple[float, float]:
     """Wall and CPU ms per call of ``calls`` calls (after 5 warm-up calls)."""
     asyncio.run(run(5))
@@ -86,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.prompts:
             req = GenerationRequest(prompt_ids=tuple(range(100, 100 + n)), max_tokens=args.tokens)
+            ready = JsonIds.of(req.prompt_ids)
             payload = {"model": "m", "prompt": list(req.prompt_ids), "max_tokens": args.tokens, "stream": True}
             body = json.dumps(payload | {"logprobs": 0, "return_token_ids": True}).encode()
             for r in range(args.rounds):
@@ -93,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                     ("httpx stream", lambda k, b=body: _httpx(engine.url, b, k)),
                     ("aiohttp stream", lambda k, b=body: _aiohttp(engine.url, b, k)),
                     ("EngineClient.stream", lambda k, q=req: _engine_client(engine.url, q, k)),
+                    (
+                        "EngineClient.stream, prompt JSON ready",
+                        lambda k, j=ready: _engine_client_ready(engine.url, j, args.tokens, k),
+                    ),
                 ]
                 for name, run in clients:
                     wall, cpu = measure(run, args.calls)

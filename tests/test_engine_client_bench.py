@@ -15,5 +15,10 @@ def test_one_round_prints_a_row_per_client(smollm2_tokenizer_dir: Path, capsys) 
     argv = ["--model-dir", str(smollm2_tokenizer_dir), "--prompts", "500", "--calls", "5", "--rounds", "1"]
     assert engine_client.main(argv) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 500 |")]
-    assert [r[2].strip() for r in rows] == ["httpx stream", "aiohttp stream", "EngineClient.stream"]
+    assert [r[2].strip() for r in rows] == [
+        "httpx stream",
+        "aiohttp stream",
+        "EngineClient.stream",
+        "EngineClient.stream, prompt JSON ready",
+    ]
     assert all(float(r[3]) > 0 and float(r[4]) >= 0 for r in rows)

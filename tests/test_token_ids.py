@@ -54,22 +54,21 @@ def test_empty() -> None:
 
 
 @given(IDS, IDS, st.booleans())
-def test_json_list_extending_is_json_list_whatever_came_before(head: list[int], tail: list[int], related: bool) -> None:
+def test_json_ids_extending_list_the_ids_whatever_came_before(head: list[int], tail: list[int], related: bool) -> None:
     """A session's next prompt usually extends its last one (only the new ids are formatted); when it does not (a
-    fork, a retry, an unrelated call) the text is still exactly json_list of the new ids."""
-    earlier_ids = array("i", head)
-    earlier = (earlier_ids, token_ids.json_list(earlier_ids))
+    fork, a retry, an unrelated call) the list is still exactly json_list of the new ids."""
+    earlier = token_ids.JsonIds.of(array("i", head))
     ids = array("i", head + tail) if related else array("i", tail)
-    assert token_ids.json_list_extending(ids, earlier) == token_ids.json_list(ids)
-    assert token_ids.json_list_extending(ids, None) == token_ids.json_list(ids)
+    assert token_ids.JsonIds.extending(ids, earlier).data == token_ids.json_list(ids).encode()
+    assert token_ids.JsonIds.extending(ids, None).text == token_ids.json_list(ids)
 
 
-def test_json_list_extending_formats_only_the_new_ids() -> None:
-    """Measured by what it is given: an earlier text that is not the ids' own JSON shows through when reused."""
-    head = array("i", [1, 2, 3])
-    assert token_ids.json_list_extending(array("i", [1, 2, 3, 4]), (head, "[HEAD]")) == "[HEAD,4]"
-    assert token_ids.json_list_extending(array("i", [1, 2, 3]), (head, "[HEAD]")) == "[HEAD]"
-    assert token_ids.json_list_extending(array("i", [1, 2, 4, 4]), (head, "[HEAD]")) == "[1,2,4,4]"
+def test_json_ids_extending_formats_only_the_new_ids() -> None:
+    """Measured by what it is given: an earlier list that is not the ids' own JSON shows through when reused."""
+    head = token_ids.JsonIds._made(array("i", [1, 2, 3]), b"[HEAD]")
+    assert token_ids.JsonIds.extending(array("i", [1, 2, 3, 4]), head).data == b"[HEAD,4]"
+    assert token_ids.JsonIds.extending(array("i", [1, 2, 3]), head).data == b"[HEAD]"
+    assert token_ids.JsonIds.extending(array("i", [1, 2, 4, 4]), head).data == b"[1,2,4,4]"
 
 
 @given(st.lists(st.integers(0, 2**31 - 1), max_size=50), st.lists(st.integers(0, 2**31 - 1), max_size=5))

@@ -280,9 +280,10 @@ def completion_body(req: GenerationRequest, stream: bool) -> bytes:
     """:func:`completion_payload` as the request body: the prompt ids are written by :func:`token_ids.json_list`
     (``json.dumps`` of 10^5 ints was the largest single cost of a call on the event loop)."""
     payload = completion_payload(req, stream, with_prompt=False)
-    rest = json.dumps(payload, separators=(",", ":"))
-    prompt = req.prompt_json.text if req.prompt_json is not None else token_ids.json_list(req._packed)
-    return ('{"prompt":' + prompt + "," + rest[1:]).encode()
+    rest = json.dumps(payload, separators=(",", ":")).encode()
+    prompt = req.prompt_json.data if req.prompt_json is not None else token_ids.json_list(req._packed).encode()
+    # one copy of the prompt's list: a str concatenation and its encode made four, ~0.8 ms at 131k ids on the loop
+    return b"".join((b'{"prompt":', prompt, b",", memoryview(rest)[1:]))
 
 
 def error_from_body(status: int, body: bytes | str) -> EngineError:
