@@ -17,7 +17,9 @@ Conventions
 * Text parts of a non-default type for their role (``refusal``, ``input_text`` in an assistant message,
   extra keys such as ``annotations``) keep their raw shape under ``"part"``.
 * Consecutive assistant-side items (``reasoning``, assistant ``message``, ``function_call``,
-  ``custom_tool_call``) merge into one assistant message: one model turn is one canonical message.
+  ``custom_tool_call``) merge into one assistant message: one model turn is one canonical message. With ``reuse``
+  (:mod:`converters.delta`), a turn merged from the very items the session's previous request held is that
+  request's message object, as a reused item is.
 * ``reasoning``: text is the ``content`` (raw reasoning) when present, else the summaries joined by a blank
   line; an item that is not the plain rendering of its text (an ``id``, ``encrypted_content``, several
   summaries) is kept whole under ``"item"`` and rendered back verbatim.
