@@ -109,10 +109,8 @@ class JsonIds:
         are a prefix of these (a C-level compare of the arrays): only the new ids are formatted."""
         if not (isinstance(ids, array) and ids.typecode == "i"):
             raise TypeError(f"JsonIds.extending takes an array('i'), got {type(ids).__name__}")
-        if earlier is None:
-            return cls._made(ids, json_list(ids).encode())
-        n = len(earlier.ids)
-        if n == 0 or n > len(ids) or ids[:n] != earlier.ids:
+        n = len(earlier.ids) if earlier is not None else 0
+        if earlier is None or n == 0 or n > len(ids) or ids[:n] != earlier.ids:
             return cls._made(ids, json_list(ids).encode())
         if n == len(ids):
             return cls._made(ids, earlier.data)
