@@ -87,6 +87,8 @@ def load(tree: Path) -> SimpleNamespace:
     # trees whose WAL frames are not Arrow batches (addon.records.frames: the conversion is done a shard at a time)
     has_frames = (tree / "addon" / "records" / "frames.py").is_file()
     mods["frames"] = importlib.import_module("addon.records.frames") if has_frames else None
+    has_blob_frames = (tree / "addon" / "records" / "blob_frames.py").is_file()
+    mods["blob_frames"] = importlib.import_module("addon.records.blob_frames") if has_blob_frames else None
     return SimpleNamespace(**mods)
 
 
@@ -110,11 +112,14 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
     extra = {"canonical_json": json_cache} if json_cache is not None else {}
     # trees whose prelude compares a request with its session's previous one take the session id
     takes_session = m.recording is not None and "session" in inspect.signature(m.recording.prelude).parameters
+    # trees that pack a session's request blob as zstd frames, reusing the previous call's (addon.records.blob_frames)
+    framed = m.blob_frames is not None and "frames" in inspect.signature(m.recording.prelude).parameters
     probe = m.wal.SegmentWriter(store.folder / f"probe-{tokens}.log", m.records.SCHEMA_VERSION)
     try:
         for fmt in s.FORMATS:
             conv = s.Conversation(s.context_script(9, tokens, fmt, int(tokens * m.side_by_side.CHARS_PER_TOKEN), calls))
             state = m.splice.SessionState(f"stage-{fmt}-{tokens}")
+            request_frames = m.blob_frames.RequestFrames() if m.blob_frames is not None else None
             memo = None
             for i in range(calls):
                 body = conv.wire().body
@@ -161,6 +166,8 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 if m.recording is not None:  # the row's first half, built while the engine samples
                     t0 = time.perf_counter()
                     by_session = {"session": state.session_id} if takes_session else {}
+                    if framed:
+                        by_session["frames"] = request_frames
                     ahead = {"prepared": m.recording.prelude(request, turn.prompt_ids, json_cache, **by_session)}
                     t_ahead = time.perf_counter() - t0
                 t.append(time.perf_counter())

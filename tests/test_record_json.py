@@ -17,7 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.records.blobs import CanonicalJson, dumps_json, pack_json, pack_json_text, plain, unpack_json
+from addon.records.blobs import (
+    CanonicalJson,
+    dumps_json,
+    pack_json,
+    pack_json_text,
+    plain,
+    unpack_json,
+    zstd_content_size,
+)
 from converters.canonical import (
     Completion,
     IdentityHints,
@@ -253,6 +261,23 @@ def test_a_session_s_previous_request_gives_exact_texts(reqs: list[ModelRequest]
             assert cache.request(r, session=str(len(r.messages))) == old_text(r)
 
 
+@settings(max_examples=200, deadline=None)
+@given(requests)
+def test_the_layout_names_the_messages_before_the_last_and_the_tools(req: ModelRequest) -> None:
+    text, layout = CanonicalJson().request_layout(req, session="s")
+    assert text == old_text(req)
+    head = text[: text.index('"messages":[') + len('"messages":[')]
+    messages = [dumps_json(plain(m)) for m in req.messages]
+    before_last = "".join(m + "," for m in messages[:-1])
+    assert text[: layout.stable] == head + before_last
+    if req.tools:
+        assert layout.tools is not None
+        assert text[layout.tools[0] : layout.tools[1]] == ",".join(dumps_json(plain(t)) for t in req.tools)
+        assert text[layout.tools[1] :] == "]}"  # tools is the last field: nothing after it but the brackets
+    else:
+        assert layout.tools is None
+
+
 def test_a_tool_loop_reuses_its_previous_texts_unhashed() -> None:
     cache = CanonicalJson()
     session = _session(6)
@@ -343,6 +368,32 @@ def test_pack_json_is_a_standard_zstd_frame() -> None:
 def test_unpack_json_rejects_non_zstd() -> None:
     with pytest.raises(ValueError, match="not a zstd frame"):
         unpack_json(b'{"a": 1}')
+    with pytest.raises(ValueError, match="not a zstd frame"):
+        unpack_json(b"")
+
+
+@pytest.mark.parametrize("cuts", [[0, 5], [1], [7, 300, 301, 69_999], [250_000]])
+def test_concatenated_frames_read_as_their_joined_text(cuts: list[int]) -> None:
+    """Several frames of consecutive pieces (what blob_frames writes) read as one blob: here and with zstd -dc."""
+    text = dumps_json({"k": ["é x" * 40_000, list(range(9_000))]})
+    bounds = [0, *cuts, len(text)]
+    blob = b"".join(pack_json_text(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    assert zstd_content_size(blob) == len(text.encode())
+    assert unpack_json(blob) == json.loads(text)
+    out = subprocess.run(["zstd", "-dc"], input=blob, capture_output=True, check=True)
+    assert out.stdout.decode() == text
+
+
+def test_frame_walk_skips_skippable_frames_and_refuses_truncated_data() -> None:
+    one, two = pack_json_text('{"a":'), pack_json_text("[1,2]}")
+    skippable = (0x184D2A5E).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    assert unpack_json(skippable + one + skippable + two) == {"a": [1, 2]}
+    big = pack_json({"t": "x" * 200_000})  # several blocks
+    for cut in (len(big) - 1, len(big) // 2, 9):
+        with pytest.raises(ValueError, match="truncated"):
+            zstd_content_size(big[:cut])
+    with pytest.raises(ValueError, match="not a zstd frame"):
+        zstd_content_size(one + b"garbage!")
 
 
 def test_records_module_still_exports_the_blob_functions() -> None:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from addon.generation.recording import CallInfo, Turn, build_record, prelude
+from addon.records.blob_frames import RequestFrames
 from addon.records.blobs import CanonicalJson, unpack_json
 from addon.records.schema import TurnTokens, to_batch
 from converters.base import Route
@@ -67,6 +68,21 @@ def test_the_prelude_marks_a_side_request_and_keeps_identity_hints():
     row = build_record(turn, None, "served", "budget", prepared=ahead)
     assert row.auxiliary and row.auxiliary_reason == "structured_output" and row.budget_stop == "budget"
     assert row.completion_canonical is None and row.tokens.completion_ids == ()
+
+
+def test_with_request_frames_the_blob_holds_the_same_request_in_several_frames():
+    cache, frames = CanonicalJson(), RequestFrames(seal_chars=1)
+    long = Message("user", (TextPart("a long first message " * 400),))
+    turn = _turn(1, (1, 2), (), (), tools=(TOOL,))
+    turn = replace(turn, request=replace(turn.request, messages=(long, *turn.request.messages)))
+    framed = prelude(turn.request, turn.prompt_ids, cache, "s", frames)
+    whole = prelude(turn.request, turn.prompt_ids, None)
+    assert framed.request_canonical != whole.request_canonical  # the history's segment is a frame of its own
+    assert unpack_json(framed.request_canonical) == unpack_json(whole.request_canonical)
+    assert len(frames) == 1 and frames.compressed >= 2
+    # a side request is neither compared with the session's previous one nor held: one frame, as without frames
+    side = replace(turn.request, output_format=JsonSchemaFormat({"type": "object"}, "t"), tools=())
+    assert prelude(side, (1, 2), cache, "s", frames).request_canonical == prelude(side, (1, 2), None).request_canonical
 
 
 def test_the_prelude_refuses_what_the_row_would():

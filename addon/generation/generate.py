@@ -48,6 +48,7 @@ from addon.generation.splice import plan as splice_plan
 from addon.generation.splice import record as splice_record
 from addon.generation.stats import Stats
 from addon.records import token_ids
+from addon.records.blob_frames import RequestFrames
 from addon.records.blobs import CanonicalJson
 from addon.records.store import RecordStore, RecordStoreError
 from converters import dialect_for
@@ -120,6 +121,8 @@ class Generator:
         # The record's request blob: each message and tool is JSON-encoded once while cached, not once per call.
         self.canonical_json = CanonicalJson()
         sessions.on_close(self.canonical_json.forget)
+        self.request_frames = RequestFrames()  # and its zstd frames: a call compresses only what is new
+        sessions.on_close(self.request_frames.forget)
 
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
         dialect = dialect_for(info.route.format)
@@ -201,7 +204,7 @@ class Generator:
         loop.call_soon_threadsafe(_settle, planned_at, (request, planned), None)
         if isinstance(planned, ConversionError):
             return None
-        return prelude(request, planned[0].prompt_ids, self.canonical_json, info.session_id)
+        return prelude(request, planned[0].prompt_ids, self.canonical_json, info.session_id, self.request_frames)
 
     async def _generate(
         self,

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from addon.generation.lineage import SplicePlan
+from addon.records.blob_frames import RequestFrames
 from addon.records.blobs import CanonicalJson, dumps_json, pack_json_text, plain
 from addon.records.schema import MALFORMED_TOOL_CALLS, CallRecord, TurnTokens
 from converters.accumulate import Accumulator
@@ -86,6 +87,7 @@ def prelude(
     prompt_ids: Sequence[int],
     canonical_json: CanonicalJson | None,
     session: str | None = None,
+    frames: RequestFrames | None = None,
 ) -> RecordPrelude:
     """What :func:`build_record` would compute from the request and the prompt ids alone.
 
@@ -93,14 +95,19 @@ def prelude(
     messages and tools are JSON-encoded once per distinct value, and with ``session`` the ones equal to that
     session's previous request are not even hashed (a side call is neither compared with nor remembered as the
     session's previous request: the tool loop's next call compares with the loop's last one); without it the whole
-    request is encoded (same text). Raises ValueError for prompt ids that are not token ids, as the row would."""
+    request is encoded (same text). With ``frames`` too, the blob's zstd also follows the new suffix: the frames of
+    the session's previous blob are reused (:mod:`addon.records.blob_frames`; the same content, in several frames).
+    Raises ValueError for prompt ids that are not token ids, as the row would."""
     reason = auxiliary_reason(request)
+    session = session if reason is None else None
     if canonical_json is None:
-        request_json = dumps_json(plain(request))
+        blob = pack_json_text(dumps_json(plain(request)))
+    elif frames is None or session is None:
+        blob = pack_json_text(canonical_json.request(request, session))
     else:
-        request_json = canonical_json.request(request, session if reason is None else None)
+        blob = frames.pack(*canonical_json.request_layout(request, session), session)
     return RecordPrelude(
-        request_canonical=pack_json_text(request_json),
+        request_canonical=blob,
         tokens=TurnTokens(prompt_ids),  # packed ids (FrozenIds) are held as they are, not as a tuple
         identity_hints=_identity(request),
         auxiliary_reason=reason,

@@ -3,8 +3,11 @@
 Contract
 --------
 * Every stored JSON blob (``request_canonical``, ``completion_canonical``) is :func:`dumps_json` text — sorted keys,
-  no spaces, UTF-8 as is, NaN refused — compressed by :func:`pack_json_text` as one standard zstd frame that records
-  its content size (``zstd -dc`` reads it). :func:`pack_json` is both steps; :func:`unpack_json` is the inverse.
+  no spaces, UTF-8 as is, NaN refused — compressed as standard zstd data whose frames record their content size
+  (``zstd -dc`` reads it): one frame by :func:`pack_json_text`, or several concatenated frames of consecutive
+  pieces of the text by :class:`~addon.records.blob_frames.RequestFrames` (a session's request, the frames of its
+  previous call reused). :func:`pack_json` is both steps; :func:`unpack_json` is the inverse of both
+  (:func:`zstd_content_size` sums the frames' sizes).
 * :func:`plain` turns dataclasses (recursively) into JSON-compatible values: exactly what
   ``dataclasses.asdict`` followed by tuples/sets -> lists and mapping keys -> ``str`` gives, without asdict's deep
   copy of every leaf.
@@ -27,6 +30,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
@@ -104,23 +108,51 @@ def pack_json_text(text: str) -> bytes:
 
 
 def unpack_json(blob: bytes) -> Any:
-    """Inverse of :func:`pack_json`."""
-    size = _zstd_content_size(blob)
+    """Inverse of :func:`pack_json`; also reads a blob of several frames
+    (:class:`~addon.records.blob_frames.RequestFrames`)."""
+    size = zstd_content_size(blob)
     return json.loads(_codec.decompress(blob, decompressed_size=size, asbytes=True))
 
 
-def _zstd_content_size(blob: bytes) -> int:
-    """The frame content size from a zstd frame header (RFC 8878, 3.1.1.1); pyarrow's decompress needs it."""
-    if len(blob) < 6 or struct.unpack_from("<I", blob)[0] != _ZSTD_MAGIC:
-        raise ValueError("not a zstd frame")
-    descriptor = blob[4]
-    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
-    offset = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
-    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
-    if fcs_size == 0:
-        raise ValueError("zstd frame does not record its content size")
-    size = int.from_bytes(blob[offset : offset + fcs_size], "little")
-    return size + 256 if fcs_size == 2 else size
+_SKIPPABLE_MAGIC = 0x184D2A50  # the 16 magic numbers of skippable frames: this one with any last four bits
+
+
+def zstd_content_size(blob: bytes) -> int:
+    """The content size of zstd data, summed over its concatenated frames (RFC 8878 §3.1): each frame's header
+    records its own (pyarrow's decompress needs the total); a frame's end is found by walking its blocks' 3-byte
+    headers (a few per frame: a block holds at most 128 KiB). Raises ValueError for anything else."""
+    total, pos, end = 0, 0, len(blob)
+    while pos < end or pos == 0:
+        if end - pos < 8:
+            raise ValueError("not a zstd frame" if pos == 0 else "truncated zstd data")
+        magic = struct.unpack_from("<I", blob, pos)[0]
+        if magic & 0xFFFFFFF0 == _SKIPPABLE_MAGIC:
+            pos += 8 + struct.unpack_from("<I", blob, pos + 4)[0]
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise ValueError("not a zstd frame")
+        descriptor = blob[pos + 4]
+        fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+        offset = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+        fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+        if fcs_size == 0:
+            raise ValueError("zstd frame does not record its content size")
+        size = int.from_bytes(blob[offset : offset + fcs_size], "little")
+        total += size + 256 if fcs_size == 2 else size
+        pos = offset + fcs_size
+        last = False
+        while not last:
+            if end - pos < 3:
+                raise ValueError("truncated zstd data")
+            header = int.from_bytes(blob[pos : pos + 3], "little")
+            last, kind = bool(header & 1), (header >> 1) & 3
+            if kind == 3:
+                raise ValueError("zstd block of the reserved type")
+            pos += 3 + (1 if kind == 1 else header >> 3)  # an RLE block stores its one byte
+        pos += 4 if descriptor & 4 else 0  # the content checksum
+        if pos > end:
+            raise ValueError("truncated zstd data")
+    return total
 
 
 # ------------------------------------------------------------------------------------------------ the cache
@@ -173,6 +205,11 @@ class CanonicalJson:
     def request(self, request: Any, session: str | None = None) -> str:
         """JSON text of a dataclass whose ``messages`` / ``tools`` tuples are encoded element by element, cached;
         with ``session``, compared first with that session's previous request (see the class docstring)."""
+        return self.request_layout(request, session)[0]
+
+    def request_layout(self, request: Any, session: str | None = None) -> tuple[str, TextLayout]:
+        """:meth:`request`'s text and where its parts are (:class:`TextLayout`), for
+        :class:`~addon.records.blob_frames.RequestFrames`."""
         names = _dataclass_fields(type(request))
         if names is None:
             raise TypeError(f"CanonicalJson.request needs a dataclass, got {type(request).__name__}")
@@ -185,21 +222,31 @@ class CanonicalJson:
         # text four more times per call (the list's brackets, the field's key, the fields' join, the braces).
         out: list[str] = []
         remembered: dict[str, _Texts] = {}
+        at, spans = 0, {}  # the text's length so far; each cached field's array contents as (start, end)
         for name, key in _sorted_keys(type(request), names):  # what sort_keys does to the top-level object
-            out.append(f"{',' if out else '{'}{key}:")
+            head = f"{',' if out else '{'}{key}:"
+            out.append(head)
+            at += len(head)
             value = getattr(request, name)
             if name in self.CACHED_FIELDS and isinstance(value, tuple):
                 texts = self._texts(value, previous.get(name))
                 remembered[name] = (value, texts)
-                out += ("[", ",".join(texts), "]")
+                joined = ",".join(texts)
+                out += ("[", joined, "]")
+                spans[name] = (at + 1, at + 1 + len(joined), len(texts[-1]) if texts else 0)
+                at += len(joined) + 2
             else:
-                out.append(_JSON.encode(plain(value)))
+                out.append(text := _JSON.encode(plain(value)))
+                at += len(text)
         if session is not None:
             self._remember(session, remembered)
         if not out:
-            return "{}"
+            return "{}", TextLayout(0, None)
         out.append("}")
-        return "".join(out)
+        messages, tools = spans.get("messages"), spans.get("tools")
+        # the messages before the last one (with the comma after them): what the next call of a tool loop repeats
+        stable = messages[1] - messages[2] if messages else 0
+        return "".join(out), TextLayout(stable, tools[:2] if tools and tools[1] > tools[0] else None)
 
     def forget(self, session: str) -> None:
         """Drop what is held of ``session``'s previous request (the session closed)."""
@@ -281,6 +328,18 @@ class CanonicalJson:
 _Texts = tuple[tuple[Any, ...], tuple[str, ...]]  # a request's values of one cached field, and their fragments
 
 
+@dataclass(frozen=True)
+class TextLayout:
+    """Where the parts of a request's JSON text (:meth:`CanonicalJson.request_layout`) are, as character offsets.
+
+    ``stable``: the end of the part a session's next call most likely starts with: everything up to the messages
+    before the last one (a harness may still rewrite the last, e.g. move a cache breakpoint); ``tools``: the
+    ``tools`` array's contents as (start, end), None when it is empty."""
+
+    stable: int
+    tools: tuple[int, int] | None
+
+
 class _Hashed:
     """A cache key whose hash is computed once: a lookup, a hit's move to the end and a miss's insert each hash the
     key, and a message or a tool hashes its whole content every time (Python caches no hash of a tuple or a
@@ -307,4 +366,13 @@ def _key(value: Any) -> Hashable:
     return value
 
 
-__all__ = ["CanonicalJson", "dumps_json", "pack_json", "pack_json_text", "plain", "unpack_json"]
+__all__ = [
+    "CanonicalJson",
+    "TextLayout",
+    "dumps_json",
+    "pack_json",
+    "pack_json_text",
+    "plain",
+    "unpack_json",
+    "zstd_content_size",
+]
