@@ -25,6 +25,7 @@ from addon.generation.splice import (
     assistant_message,
     message_key,
     plan,
+    plan_without_root,
     record,
 )
 from addon.records import token_ids
@@ -270,6 +271,20 @@ def test_compaction_subagent_tools_and_auxiliary_are_new_roots(splicer: SpliceRe
     assert plan(state, other_tools, splicer).reason == "tools_changed"
     aux = plan(state, reqs[1], splicer, auxiliary=True)
     assert (aux.reason, aux.parent_call_id, aux.reused_tokens) == ("auxiliary", "c1", 0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_plan_without_root_is_the_plan_of_an_extension_or_a_retry_and_none_for_a_root(
+    fmt: str, splicer: SpliceRenderer
+) -> None:
+    state, plans, reqs, body = tool_loop(fmt, splicer, turns=2)
+    assert plan_without_root(state, parse(fmt, body), splicer) == plan(state, parse(fmt, body), splicer)
+    retry = plan_without_root(state, reqs[1], splicer)
+    assert retry is not None and retry.retry_of == "c1" and retry.prompt_ids == plans[1].prompt_ids
+    assert plan_without_root(SessionState("new"), reqs[0], splicer) is None  # a first call
+    sub = parse(fmt, first_body(fmt, system=OTHER_SYSTEM, tool="grep"))
+    assert plan_without_root(state, sub, splicer) is None  # instructions changed
+    assert plan(state, sub, splicer).reason == "instructions_changed"  # what plan renders instead
 
 
 def test_subagent_interleaved_with_main_agent_each_extends_its_own_lineage(splicer: SpliceRenderer) -> None:

@@ -19,7 +19,9 @@ and plans (the splice plan, and the prompt as the engine's JSON formatted from t
 new ids), hands the plan to the loop at once (the engine is asked while the thread goes on) and then builds the row's
 first half (:mod:`addon.generation.recording`: request JSON + zstd, prompt ids packed) alongside the engine. The
 second, after the engine, adds the session-graph node, finishes the row and appends it durably (the WAL frame,
-:mod:`addon.records.frames`).
+:mod:`addon.records.frames`). A lone call (no other call in flight) of a session seen before makes one hop: it is
+parsed and planned on the loop, and its node and row are made there too; only the fsync'd append goes to a thread
+(:mod:`addon.generation.planning` says why and when).
 
 Sampling: :class:`~addon.generation.sampling.SamplingPolicy` decides what is applied (by default top_p/top_k/min_p
 and penalties neutral); both the requested and the applied values are recorded.
@@ -40,14 +42,13 @@ from typing import Any, Protocol, TypeVar
 from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
 from addon.engine.pool import EnginePool, NoEngine
 from addon.generation.parser import OutputParser, ParserSpec
-from addon.generation.recording import CallInfo, RecordPrelude, Turn, auxiliary_reason, build_record, prelude
+from addon.generation.planning import Planned, Planner
+from addon.generation.recording import CallInfo, RecordPrelude, Turn, auxiliary_reason, build_record
 from addon.generation.sampling import SamplingPolicy, engine_sampling, forced_tool_call
 from addon.generation.sessions import SessionRegistry
-from addon.generation.splice import SessionGraphs, SessionState, SplicePlan, SpliceRenderer
-from addon.generation.splice import plan as splice_plan
+from addon.generation.splice import SessionGraphs, SessionState, SpliceRenderer
 from addon.generation.splice import record as splice_record
 from addon.generation.stats import Stats
-from addon.records import token_ids
 from addon.records.blob_frames import RequestFrames
 from addon.records.blobs import CanonicalJson
 from addon.records.store import RecordStore, RecordStoreError
@@ -58,14 +59,12 @@ from converters.canonical import (
     Completion,
     ConversionError,
     Finish,
-    ModelRequest,
     StreamEvent,
     StreamStart,
     TextDelta,
     Usage,
     completion_events,
 )
-from converters.delta import ListReuse
 
 BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends here."
 
@@ -73,7 +72,6 @@ log = logging.getLogger("harnessrl.generate")
 
 T = TypeVar("T")
 # a call's splice plan and its prompt as the engine's JSON list, or the error that refused the plan
-Planned = tuple[SplicePlan, token_ids.JsonIds | None] | ConversionError
 
 
 class ResponseSink(Protocol):
@@ -123,24 +121,31 @@ class Generator:
         sessions.on_close(self.canonical_json.forget)
         self.request_frames = RequestFrames()  # and its zstd frames: a call compresses only what is new
         sessions.on_close(self.request_frames.forget)
+        self.planner = Planner(splicer, stats, self.fields, self.canonical_json, self.request_frames)
+        self.in_flight = 0  # calls being answered now
 
     async def handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
+        self.in_flight += 1
+        try:
+            await self._handle(info, body, sink)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle(self, info: CallInfo, body: bytes, sink: ResponseSink) -> None:
         dialect = dialect_for(info.route.format)
         t0 = time.perf_counter()
         state = self.graphs.get(info.session_id, time.monotonic())
-        loop = asyncio.get_running_loop()
-        planned_at: asyncio.Future[tuple[ModelRequest, Planned]] = loop.create_future()
-        # a harness body can be megabytes of JSON: parsed, and the call planned, off the event loop; the same hop
-        # goes on to the row's first half once the plan is handed over
-        ahead = _background(asyncio.to_thread(self._parse_plan_prelude, dialect, body, info, state, (loop, planned_at)))
+        lone = (
+            self.in_flight == 1
+        )  # no other call in flight: planned and recorded on the loop (addon.generation.planning)
         try:
-            request, planned = await planned_at
+            request, planned, ahead = await self.planner.start(dialect, body, info, state, lone=lone)
         except ConversionError as err:
             self.stats.error("bad_request")
             await _send_error(sink, dialect, err)
             return
         call_index, budget_stop = self.sessions.begin_call(info.session_id)
-        turn = Turn(request, info, call_index)
+        turn = Turn(request, info, call_index, lone=lone)
         try:
             if budget_stop:
                 await self._budget_stop(turn, dialect, budget_stop, sink)
@@ -167,44 +172,6 @@ class Generator:
             self.sessions.end_call(
                 info.session_id, len(turn.prompt_ids) + len(turn.completion_ids), turn.error is not None
             )
-
-    def _parse_and_plan(
-        self, dialect: Dialect, body: bytes, info: CallInfo, state: SessionState
-    ) -> tuple[ModelRequest, Planned]:
-        """In a worker thread: the canonical request (a ConversionError here is a bad request, raised), then its
-        splice plan and engine prompt text, or the ConversionError that refused the plan (raised later, once the
-        call is counted in its session, so it is recorded as a call)."""
-        reuse = ListReuse(state.request_memo)
-        request = dialect.parse_request(body, info.route, info.headers, self.fields, reuse=reuse)
-        auxiliary = auxiliary_reason(request) is not None
-        if not auxiliary:  # a side call (a title, a summary) is not what the session's next call extends
-            state.request_memo = reuse.memo()
-        self.stats.items_parsed(reuse.parsed, reuse.reused)
-        try:
-            return request, _plan_locked(state, request, self.splicer, auxiliary)
-        except ConversionError as err:
-            return request, err
-
-    def _parse_plan_prelude(
-        self,
-        dialect: Dialect,
-        body: bytes,
-        info: CallInfo,
-        state: SessionState,
-        handover: tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[ModelRequest, Planned]]],
-    ) -> RecordPrelude | None:
-        """In a worker thread: :meth:`_parse_and_plan`, its outcome handed to the loop (``handover``) as soon as it
-        is known, then the row's first half (:func:`prelude`) of a planned call; None when no plan was made."""
-        loop, planned_at = handover
-        try:
-            request, planned = self._parse_and_plan(dialect, body, info, state)
-        except BaseException as e:
-            loop.call_soon_threadsafe(_settle, planned_at, None, e)
-            return None
-        loop.call_soon_threadsafe(_settle, planned_at, (request, planned), None)
-        if isinstance(planned, ConversionError):
-            return None
-        return prelude(request, planned[0].prompt_ids, self.canonical_json, info.session_id, self.request_frames)
 
     async def _generate(
         self,
@@ -373,9 +340,21 @@ class Generator:
                 prepared = await turn.prelude
             except ValueError:
                 prepared = None  # build_record raises the same error in the thread below
-        # finishing the row and the fsync'd append run off the event loop, in one hop
         try:
-            await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop, prepared, graph)
+            state, finish = graph if graph is not None else (None, None)
+            # Still alone (and the session graph free: a side call of the session may be planning): the node and
+            # the row on the loop, only the fsync'd append in a thread. In a thread their Python holds the GIL all
+            # the same, and through mitmproxy that thread started only once the loop had relayed the answer's
+            # first chunk (0.6-0.7 ms after the hand-off; round17.md).
+            alone = turn.lone and self.in_flight == 1
+            free = alone and (
+                state is None or completion is None or _record_locked(state, turn, completion, finish, False)
+            )
+            if free:
+                row = build_record(turn, completion, self.served_model, budget_stop, self.canonical_json, prepared)
+                await asyncio.to_thread(self.store.append, row)
+            else:  # finishing the row and the fsync'd append run off the event loop, in one hop
+                await asyncio.to_thread(self._build_and_append, turn, completion, budget_stop, prepared, graph)
         except RecordStoreError as e:
             log.error("harnessrl: call %s of session %s not stored: %s", turn.info.call_id, turn.info.session_id, e)
             self.stats.error("record_store")
@@ -401,23 +380,16 @@ class Generator:
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-def _plan_locked(
-    state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool
-) -> tuple[SplicePlan, token_ids.JsonIds | None]:
-    """The splice plan, and the prompt as the engine's JSON list, formatted here (a worker thread, not the event
-    loop) from the session's previous prompt: only the new ids (None when the plan's ids are not packed)."""
-    with state.lock:
-        plan = splice_plan(state, request, splicer, auxiliary=auxiliary)
-        if plan.packed is None or not len(plan.packed):
-            return plan, None
-        state.engine_prompt = token_ids.JsonIds.extending(plan.packed, state.engine_prompt)
-        return plan, state.engine_prompt
-
-
-def _record_locked(state: SessionState, turn: Turn, completion: Completion, finish: Any) -> None:
+def _record_locked(state: SessionState, turn: Turn, completion: Completion, finish: Any, wait: bool = True) -> bool:
+    """The call's node in its session graph; False (nothing done) when ``wait`` is False and the lock is held."""
     assert turn.plan is not None
-    with state.lock:
+    if not state.lock.acquire(blocking=wait):
+        return False
+    try:
         splice_record(state, turn.info.call_id, turn.request, turn.plan, completion, turn.completion_ids, finish)
+    finally:
+        state.lock.release()
+    return True
 
 
 def _encode(events: list[StreamEvent], acc: Accumulator, encoder: StreamEncoder | None) -> bytes:
@@ -427,24 +399,6 @@ def _encode(events: list[StreamEvent], acc: Accumulator, encoder: StreamEncoder 
     if encoder is None:
         return b""
     return b"".join([encoder.feed(event) for event in events])
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    """On the loop: a worker thread's outcome into ``future``, unless its call is gone (the future cancelled)."""
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def _background(work: Awaitable[T]) -> asyncio.Future[T]:
-    """``work`` started now; its result (or error) is read later by whoever awaits it, maybe nobody (a call that
-    failed first), so an error left unread is marked seen instead of logged as never retrieved."""
-    task = asyncio.ensure_future(work)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    return task
 
 
 def _finish_reason(engine_reason: str) -> Any:

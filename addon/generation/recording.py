@@ -80,6 +80,7 @@ class Turn:
     plan: SplicePlan | None = None
     acc: Accumulator | None = None  # the answer so far, once generation started
     prelude: Awaitable[RecordPrelude | None] | None = None  # the row's first half, built while the engine samples
+    lone: bool = False  # no other call was in flight when it arrived (addon.generation.planning)
 
 
 def prelude(

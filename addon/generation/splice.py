@@ -192,11 +192,26 @@ class SpliceRenderer:
 
 def plan(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, *, auxiliary: bool = False) -> SplicePlan:
     """The prompt ids for ``request`` (see the module docstring). Raises ConversionError as rendering does."""
+    decided = _decide(state, request, splicer, auxiliary)
+    return decided if isinstance(decided, SplicePlan) else _root(request, splicer, *decided)
+
+
+def plan_without_root(state: SessionState, request: ModelRequest, splicer: SpliceRenderer) -> SplicePlan | None:
+    """:func:`plan` of a call that extends or retries an earlier one; None when it needs a new root (a full render
+    of the conversation, tens of milliseconds at 32k tokens), which the caller makes elsewhere with :func:`plan`."""
+    decided = _decide(state, request, splicer, False)
+    return decided if isinstance(decided, SplicePlan) else None
+
+
+def _decide(
+    state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool
+) -> SplicePlan | tuple[ForkReason, CallNode | None]:
+    """The plan of a call that extends or retries an earlier one, else why it is a new root and its parent."""
     predecessor = next((n for n in reversed(state.nodes) if not n.auxiliary), None)
     if auxiliary:
-        return _root(request, splicer, "auxiliary", predecessor)
+        return "auxiliary", predecessor
     if predecessor is None:
-        return _root(request, splicer, "first_call", None)
+        return "first_call", None
     context = Context.of(request)
     near: tuple[ForkReason, CallNode] | None = None  # a call the request follows, but that cannot be extended
     for node in reversed(state.nodes):
@@ -218,12 +233,12 @@ def plan(state: SessionState, request: ModelRequest, splicer: SpliceRenderer, *,
         elif match == "reasoning_dropped":
             near = near or ("reasoning_dropped", node)
     if near is not None:
-        return _root(request, splicer, near[0], near[1])
+        return near
     if not context.same_instructions(predecessor.context):
-        return _root(request, splicer, "instructions_changed", predecessor)
+        return "instructions_changed", predecessor
     if not context.same_tools(predecessor.context):
-        return _root(request, splicer, "tools_changed", predecessor)
-    return _root(request, splicer, "history_rewritten", predecessor)
+        return "tools_changed", predecessor
+    return "history_rewritten", predecessor
 
 
 def _match(
@@ -346,6 +361,7 @@ __all__ = [
     "assistant_message",
     "message_key",
     "plan",
+    "plan_without_root",
     "record",
     "same_message",
 ]
