@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Awaitable, Mapping
 from contextlib import aclosing
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from addon.engine.client import BadRequest, ContextTooLong, EngineError, GenerationRequest
 from addon.engine.pool import EnginePool, NoEngine
@@ -69,9 +69,6 @@ from converters.canonical import (
 BUDGET_STOP_TEXT = "The session's budget is used up ({reason}); the episode ends here."
 
 log = logging.getLogger("harnessrl.generate")
-
-T = TypeVar("T")
-# a call's splice plan and its prompt as the engine's JSON list, or the error that refused the plan
 
 
 class ResponseSink(Protocol):
@@ -135,9 +132,8 @@ class Generator:
         dialect = dialect_for(info.route.format)
         t0 = time.perf_counter()
         state = self.graphs.get(info.session_id, time.monotonic())
-        lone = (
-            self.in_flight == 1
-        )  # no other call in flight: planned and recorded on the loop (addon.generation.planning)
+        # no other call in flight: planned and recorded on the loop (addon.generation.planning)
+        lone = self.in_flight == 1
         try:
             request, planned, ahead = await self.planner.start(dialect, body, info, state, lone=lone)
         except ConversionError as err:
