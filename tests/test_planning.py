@@ -133,3 +133,20 @@ async def test_a_lone_call_s_row_half_is_built_once_the_task_waits_and_a_bad_bod
     assert ahead.done() and ahead.result() is not None
     with pytest.raises(ConversionError):
         await planner.start(dialect_for("chat"), b'{"model": "m", "messages": 7}', info, state, lone=True)
+
+
+async def test_a_lone_call_whose_session_lock_is_held_is_planned_in_the_thread(
+    splicer: SpliceRenderer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose client left may still be planning in a thread, holding its session's lock: the loop must not
+    wait for it, so the next lone call of that session is planned in a thread (once the lock is free), the same."""
+    planner = _planner(splicer)
+    state, body, _ = await _tool_loop(planner, splicer, "chat", "a", lone=True, turns=2)
+    where = _Where(splicer, monkeypatch)
+    info = CallInfo("run", "a", ROUTES["chat"], {}, datetime.now(UTC), call_id="a7")
+    state.lock.acquire()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, state.lock.release)  # the other call's planning ends
+    _, planned, _ = await planner.start(dialect_for("chat"), json.dumps(body).encode(), info, state, lone=True)
+    assert not isinstance(planned, ConversionError) and planned[0].reason == "extends"
+    assert where.splices and not any(where.splices)  # rendered in the thread, after the lock was released

@@ -21,7 +21,8 @@ Where the work runs:
   too once the call's task waits for the engine. With nothing else in flight there is nothing to hold up, and the
   two hand-offs cost more than they save: a sleeping worker thread took 0.35 ms to start and the plan 0.47 ms to
   reach the loop on this VM (``benchmarks/results/round16.md``). A call that needs a new root is planned in the
-  thread as above (its parse stays done).
+  thread as above (its parse stays done), and so is one whose session's lock is held (a call whose client left
+  may still be planning in a thread): the loop never waits for a lock.
 """
 
 from __future__ import annotations
@@ -141,19 +142,27 @@ def plan_locked(
     state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool, roots: bool = True
 ) -> tuple[SplicePlan, token_ids.JsonIds | None] | None:
     """The splice plan, and the prompt as the engine's JSON list formatted from the session's previous prompt: only
-    the new ids (None when the plan's ids are not packed). ``roots=False``: None instead of a new root."""
-    with state.lock:
-        if roots:
-            plan = splice_plan(state, request, splicer, auxiliary=auxiliary)
-        else:
-            found = plan_without_root(state, request, splicer)
-            if found is None:
-                return None
-            plan = found
-        if plan.packed is None or not len(plan.packed):
-            return plan, None
-        state.engine_prompt = token_ids.JsonIds.extending(plan.packed, state.engine_prompt)
-        return plan, state.engine_prompt
+    the new ids (None when the plan's ids are not packed). ``roots=False`` (the loop's call): None instead of a new
+    root, and None when the session's lock is held (a call whose client left may still be planning in a thread: the
+    loop must not wait for it), so that the caller plans in a thread."""
+    if roots:
+        with state.lock:
+            return _with_engine_prompt(state, splice_plan(state, request, splicer, auxiliary=auxiliary))
+    if not state.lock.acquire(blocking=False):
+        return None
+    try:
+        found = plan_without_root(state, request, splicer)
+        return None if found is None else _with_engine_prompt(state, found)
+    finally:
+        state.lock.release()
+
+
+def _with_engine_prompt(state: SessionState, plan: SplicePlan) -> tuple[SplicePlan, token_ids.JsonIds | None]:
+    """``plan`` with the engine's JSON list of its ids (the caller holds ``state.lock``)."""
+    if plan.packed is None or not len(plan.packed):
+        return plan, None
+    state.engine_prompt = token_ids.JsonIds.extending(plan.packed, state.engine_prompt)
+    return plan, state.engine_prompt
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
