@@ -21,7 +21,8 @@ Where the work runs:
   too once the call's task waits for the engine. With nothing else in flight there is nothing to hold up, and the
   two hand-offs cost more than they save: a sleeping worker thread took 0.35 ms to start and the plan 0.47 ms to
   reach the loop on this VM (``benchmarks/results/round16.md``). A call that needs a new root is planned in the
-  thread as above (its parse stays done), and so is one whose session's lock is held (a call whose client left
+  thread as above (its parse stays done; the row's first half is built in a thread too: a root's history is new
+  to the caches, so encoding it is O(context)), and so is one whose session's lock is held (a call whose client left
   may still be planning in a thread): the loop never waits for a lock.
 """
 
@@ -68,11 +69,13 @@ class Planner:
         loop = asyncio.get_running_loop()
         if lone and state.request_memo is not None:
             request, auxiliary = self._parse(dialect, body, info, state)
-            planned = None if auxiliary else self._plan(state, request, auxiliary, roots=False)
-            if planned is None:  # a new root: a full render, in the thread
-                planned = await asyncio.to_thread(self._plan, state, request, auxiliary)
-            assert planned is not None
-            return request, planned, _background(self._prelude_soon(loop, request, planned, info))
+            planned = None if auxiliary else self._plan_on_loop(state, request)
+            if planned is not None:
+                return request, planned, _background(self._prelude_soon(loop, request, planned, info))
+            # a new root (a full render) or a held lock: planned in the thread, and the row's first half there too
+            # (a root's history is new to the JSON cache and the request frames: encoding it is O(context))
+            planned = await asyncio.to_thread(self._plan, state, request, auxiliary)
+            return request, planned, _background(asyncio.to_thread(self._prelude, request, planned, info))
         planned_at: asyncio.Future[tuple[ModelRequest, Planned]] = loop.create_future()
         ahead = _background(asyncio.to_thread(self._in_thread, dialect, body, info, state, (loop, planned_at)))
         request, planned = await planned_at
@@ -88,11 +91,18 @@ class Planner:
         self.stats.items_parsed(reuse.parsed, reuse.reused)
         return request, auxiliary
 
-    def _plan(self, state: SessionState, request: ModelRequest, auxiliary: bool, roots: bool = True) -> Planned | None:
-        """The splice plan and the engine's JSON list, or the ConversionError that refused the plan; None when
-        ``roots`` is False and the call needs a new root."""
+    def _plan(self, state: SessionState, request: ModelRequest, auxiliary: bool) -> Planned:
+        """The splice plan and the engine's JSON list, or the ConversionError that refused the plan."""
         try:
-            return plan_locked(state, request, self.splicer, auxiliary, roots)
+            return plan_locked(state, request, self.splicer, auxiliary)
+        except ConversionError as err:
+            return err
+
+    def _plan_on_loop(self, state: SessionState, request: ModelRequest) -> Planned | None:
+        """:meth:`_plan` of a call that extends or retries an earlier one; None when it needs a new root or the
+        session's lock is held (:func:`plan_without_wait`)."""
+        try:
+            return plan_without_wait(state, request, self.splicer)
         except ConversionError as err:
             return err
 
@@ -139,15 +149,20 @@ class Planner:
 
 
 def plan_locked(
-    state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool, roots: bool = True
-) -> tuple[SplicePlan, token_ids.JsonIds | None] | None:
+    state: SessionState, request: ModelRequest, splicer: SpliceRenderer, auxiliary: bool
+) -> tuple[SplicePlan, token_ids.JsonIds | None]:
     """The splice plan, and the prompt as the engine's JSON list formatted from the session's previous prompt: only
-    the new ids (None when the plan's ids are not packed). ``roots=False`` (the loop's call): None instead of a new
-    root, and None when the session's lock is held (a call whose client left may still be planning in a thread: the
-    loop must not wait for it), so that the caller plans in a thread."""
-    if roots:
-        with state.lock:
-            return _with_engine_prompt(state, splice_plan(state, request, splicer, auxiliary=auxiliary))
+    the new ids (None when the plan's ids are not packed)."""
+    with state.lock:
+        return _with_engine_prompt(state, splice_plan(state, request, splicer, auxiliary=auxiliary))
+
+
+def plan_without_wait(
+    state: SessionState, request: ModelRequest, splicer: SpliceRenderer
+) -> tuple[SplicePlan, token_ids.JsonIds | None] | None:
+    """:func:`plan_locked` for the loop: None instead of a new root, and None when the session's lock is held (a call
+    whose client left may still be planning in a thread: the loop must not wait for it), so that the caller plans
+    in a thread."""
     if not state.lock.acquire(blocking=False):
         return None
     try:
@@ -183,4 +198,4 @@ def _background(work: Awaitable[T]) -> asyncio.Future[T]:
     return task
 
 
-__all__ = ["Planned", "Planner", "plan_locked"]
+__all__ = ["Planned", "Planner", "plan_locked", "plan_without_wait"]
