@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pytest
 from aiohttp import web
 
+from addon.generation.stats import Stats
 from addon.records.schema import read_records, records_from_table
 from addon.records.sequences import build_sequences
 from tests.conftest import free_port, start_proxy, stop_process, wait_until
@@ -246,10 +247,9 @@ class _Sink:
         self.ended = True
 
 
-@pytest.mark.parametrize("stream", [True, False])
-async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_final_event(
-    smollm2_tokenizer_dir, tmp_path, stream
-):
+async def _answer(model_dir, engine_app, store, body: dict, sink) -> Stats:
+    """One anthropic call of session s1 answered by a Generator over the real engine client, ``engine_app`` serving
+    the engine routes, into ``sink``."""
     from datetime import UTC, datetime
 
     from aiohttp.test_utils import TestServer
@@ -260,36 +260,45 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
     from addon.generation.render import PromptRenderer
     from addon.generation.sessions import Budget, SessionRegistry
     from addon.generation.splice import SpliceRenderer
-    from addon.generation.stats import Stats
-    from addon.records.store import RecordStore
-    from benchmarks import fake_engine
     from converters.base import Route
 
-    engine = fake_engine.FakeEngine.build(smollm2_tokenizer_dir, tokens=20)
-    server = TestServer(engine.app())
+    server = TestServer(engine_app)
     await server.start_server()
+    stats = Stats()
+    try:
+        async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+            pool = EnginePool([client])
+            await pool.bind()
+            gen = Generator(
+                splicer=SpliceRenderer(PromptRenderer.from_pretrained(model_dir)),
+                engine=pool,
+                store=store,
+                sessions=SessionRegistry(Budget()),
+                stats=stats,
+                max_model_len=8192,
+                served_model="fake",
+            )
+            info = CallInfo("run-1", "s1", Route("anthropic", "/v1/messages"), {}, datetime.now(UTC))
+            await gen.handle(info, json.dumps(body).encode(), sink)
+    finally:
+        await server.close()
+    return stats
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_final_event(
+    smollm2_tokenizer_dir, tmp_path, stream
+):
+    from addon.records.store import RecordStore
+    from benchmarks import fake_engine
+
+    # paced, so that the stream has started (its first token written) before the record fails
+    engine = fake_engine.FakeEngine.build(smollm2_tokenizer_dir, tokens=20, token_rate=400.0)
     store = RecordStore.open(tmp_path, "run-1")
     store.close()  # every append now fails with RecordStoreError, as on a full disk
-    renderer = PromptRenderer.from_pretrained(smollm2_tokenizer_dir)
-    stats = Stats()
-    async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
-        pool = EnginePool([client])
-        await pool.bind()
-        gen = Generator(
-            splicer=SpliceRenderer(renderer),
-            engine=pool,
-            store=store,
-            sessions=SessionRegistry(Budget()),
-            stats=stats,
-            max_model_len=8192,
-            served_model="fake",
-        )
-        route = Route("anthropic", "/v1/messages")
-        info = CallInfo("run-1", "s1", route, {}, datetime.now(UTC))
-        body = {"model": "m", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
-        sink = _Sink()
-        await gen.handle(info, json.dumps(body).encode(), sink)
-    await server.close()
+    body = {"model": "m", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    sink = _Sink()
+    stats = await _answer(smollm2_tokenizer_dir, engine.app(), store, body, sink)
     assert sink.ended and stats.errors["record_store"] == 1
     text = sink.body.decode()
     if stream:
@@ -298,6 +307,81 @@ async def test_a_call_whose_record_cannot_be_stored_gets_a_vendor_error_not_its_
     else:
         assert sink.status == 529 and sink.headers.get("retry-after")
         assert json.loads(text)["type"] == "error" and json.loads(text)["error"]["type"] == "overloaded_error"
+
+
+# ------------------------------------------------------------------------------------- the engine's last read
+# The read that ends the engine's answer is written with the final events, after the record is durable: one write
+# (one relay through mitmproxy) instead of two racing the record for the GIL. Earlier reads stream as they come.
+
+
+def _split_engine(model_dir, reads: list[int]) -> web.Application:
+    """A FAKE vLLM (named as such) whose stream arrives in ``len(reads)`` network reads of ``reads[i]`` tokens (one
+    write each, 50 ms apart): only a fake can decide where a stream's reads split."""
+
+    async def models(request: web.Request) -> web.Response:
+        card = {"id": "fake", "object": "model", "root": str(model_dir), "max_model_len": 8192}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.json()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        total, sent = sum(reads), 0
+        for n in reads:
+            events = []
+            for i in range(sent, sent + n):
+                last = i == total - 1
+                choice = {"index": 0, "text": "a", "token_ids": [28], "finish_reason": "length" if last else None,
+                          "logprobs": {"token_logprobs": [-0.5], "tokens": ["a"]}}  # fmt: skip
+                events.append(f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n".encode())
+            sent += n
+            await resp.write(b"".join(events) + (b"data: [DONE]\n\n" if sent == total else b""))
+            await asyncio.sleep(0.05)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+class _OrderSink(_Sink):
+    """Each write with the number of rows the store held when it was made."""
+
+    def __init__(self, store) -> None:
+        super().__init__()
+        self.store = store
+        self.writes: list[tuple[bytes, int]] = []
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            self.writes.append((data, self.store.buffered_rows))
+        await super().write(data)
+
+
+def _delta_text(sse: bytes) -> str:
+    events = [json.loads(line[6:]) for line in sse.splitlines() if line.startswith(b"data: ")]
+    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+
+
+@pytest.mark.parametrize("reads", [[4], [1, 3], [1, 2, 1]])
+async def test_the_read_that_ends_the_answer_goes_out_with_the_final_events_after_the_record(
+    smollm2_tokenizer_dir, tmp_path, reads
+):
+    from addon.records.store import RecordStore
+
+    with RecordStore.open(tmp_path, "run-1") as store:
+        sink = _OrderSink(store)
+        body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        await _answer(smollm2_tokenizer_dir, _split_engine(smollm2_tokenizer_dir, reads), store, body, sink)
+        assert sink.status == 200 and sink.ended
+        # one write per engine read before the last, each before the record; the last read and the end in one
+        assert [rows for _, rows in sink.writes] == [0] * (len(reads) - 1) + [1]
+        assert [len(_delta_text(data)) for data, _ in sink.writes] == reads
+        assert sink.writes[0][0].startswith(b"event: message_start")
+        assert b"message_stop" in sink.writes[-1][0] and all(b"message_stop" not in d for d, _ in sink.writes[:-1])
+    (row,) = read_records(tmp_path).to_pylist()
+    assert row["completion_ids"] == [28] * sum(reads)
 
 
 def test_call_seeds_differ_across_sessions_and_calls_and_repeat_for_the_same_call():

@@ -6,7 +6,9 @@ Contract
 :class:`Generator` is built once per proxy process with its collaborators (splice renderer, engine pool, record store,
 session registry, stats). ``await handle(call, body, sink)`` answers one call on ``sink`` and never raises: every
 failure becomes an answer in the caller's own wire format (a vendor error body before the stream starts, the
-format's in-stream error event after). Streaming is real: each sampled chunk is parsed and encoded as it arrives.
+format's in-stream error event after). Streaming is real: each sampled chunk is parsed, encoded and written as it
+arrives, but the engine's read that ends the answer, which goes out in one write with the final events once the
+record is durable (the client could not see the answer complete before then anyway).
 
 Ordering guarantee: the call's record is appended to the write-ahead log (fsync'd, in a worker thread) *before* the
 final event (or the whole non-streaming body) is written to the client, so a turn the client saw complete is never
@@ -215,8 +217,12 @@ class Generator:
         )
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)
-        started = False
+        started = fed = ended = False  # the answer's headers sent; its start fed to the encoder; the engine done
         finish_reason = "stop"
+        # What the engine sent from the read that ended its answer on, encoded and written with the final events
+        # once the record is durable: the client would not see the answer complete before then anyway, and one
+        # write is one relay through mitmproxy instead of two racing the record's thread for the GIL (round18.md).
+        held: list[bytes] = []
         try:
             async with aclosing(self.engine.stream(turn.info.session_id, gen)) as routed_chunks:
                 async for routed, chunk in routed_chunks:
@@ -228,13 +234,22 @@ class Generator:
                     turn.completion_ids.extend(chunk.token_ids)
                     turn.logprobs.extend(chunk.logprobs)
                     if chunk.finish_reason:
-                        finish_reason = chunk.finish_reason
+                        finish_reason, ended = chunk.finish_reason, True
                     events = parser.feed(chunk.text) if chunk.text else []
-                    head = b""
-                    if encoder is not None and not started:
+                    if encoder is None:
+                        acc.feed_all(events)
+                        continue
+                    if not fed:
+                        held.append(encoder.feed(start))
+                        fed = True
+                    held.append(_encode(events, acc, encoder))  # one write per engine read, not per event
+                    if ended:
+                        continue  # the engine is done: the rest goes out after the record
+                    if not started:
                         await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-                        head, started = encoder.feed(start), True
-                    await sink.write(head + _encode(events, acc, encoder))  # one write per engine read, not per event
+                        started = True
+                    await sink.write(b"".join(held))
+                    held.clear()
         except EngineError as err:
             turn.error, turn.incomplete = f"engine: {err}", True
             if isinstance(err, NoEngine):
@@ -250,7 +265,7 @@ class Generator:
             await self._record(turn, acc.completion)
             if not started:
                 raise _engine_error(err) from err
-            await sink.write(encoder.error(_engine_error(err)) if encoder else b"")
+            await sink.write(b"".join(held) + (encoder.error(_engine_error(err)) if encoder else b""))
             await sink.end()
             return
         turn.engine_done = time.perf_counter()
@@ -258,7 +273,7 @@ class Generator:
         usage = Usage(len(turn.prompt_ids), len(turn.completion_ids))
         tail = parser.finish(_finish_reason(finish_reason), usage)
         final = [e for e in tail if isinstance(e, Finish)]
-        await sink.write(_encode([e for e in tail if not isinstance(e, Finish)], acc, encoder))
+        held.append(_encode([e for e in tail if not isinstance(e, Finish)], acc, encoder))
         acc.feed_all(list(final))
         completion = acc.completion
         # The node must exist before the client sees the end of this turn (its next call extends it): added in the
@@ -266,7 +281,7 @@ class Generator:
         finish = final[0].reason if final else completion.finish_reason
         if not await self._record(turn, completion, graph=(state, finish)):
             if encoder is not None and started:
-                await sink.write(encoder.error(_store_failed()))
+                await sink.write(b"".join(held) + encoder.error(_store_failed()))
                 await sink.end()
                 return
             raise _store_failed()
@@ -275,11 +290,11 @@ class Generator:
             await sink.start(200, {"content-type": "application/json"})
             await sink.write(body)
         else:
-            head = b""
             if not started:
                 await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-                head = encoder.feed(start)
-            await sink.write(head + b"".join([encoder.feed(event) for event in final]))
+            if not fed:
+                held.insert(0, encoder.feed(start))
+            await sink.write(b"".join(held + [encoder.feed(event) for event in final]))
         await sink.end()
         self.stats.call_done(time.perf_counter() - turn.engine_done, len(turn.completion_ids))
 
