@@ -29,3 +29,21 @@ def test_a_folder_that_is_not_a_source_tree_is_refused(tmp_path: Path) -> None:
         cpu_compare.main(["--model-dir", str(tmp_path), "--compare", f"x={tmp_path}"])
     with pytest.raises(SystemExit):
         cpu_compare.main(["--model-dir", str(tmp_path)])
+
+
+@pytest.mark.integration
+def test_variants_run_the_tree_with_each_option_set(smollm2_tokenizer_dir: Path, capsys) -> None:
+    argv = ["--model-dir", str(smollm2_tokenizer_dir), "--compare", f"a={ROOT}", "--targets", "base"]
+    argv += ["--variants", "i1=harnessrl_stream_interval=1", "i64=harnessrl_stream_interval=64,harnessrl_workers=1"]
+    assert cpu_compare.main([*argv, "--sessions", "2", "--seconds", "3", "--rounds", "1", "--token-rate", "500"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| base |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["i1", "i64"]
+    assert all(r.split("|")[9].strip() == "ok" for r in rows)
+    assert "Variant i64: `--set harnessrl_stream_interval=64 --set harnessrl_workers=1`." in out
+
+
+def test_a_variant_without_options_is_refused(tmp_path: Path) -> None:
+    for bad in ("i8", "i8=", "=harnessrl_stream_interval=8", "i8=harnessrl_stream_interval"):
+        with pytest.raises(SystemExit):
+            cpu_compare.main(["--model-dir", str(tmp_path), "--compare", f"a={ROOT}", "--variants", bad])
