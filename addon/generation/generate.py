@@ -217,12 +217,13 @@ class Generator:
         )
         turn.engine_started = time.perf_counter()
         self.stats.overhead_in(turn.engine_started - t0)
-        started = fed = ended = False  # the answer's headers sent; its start fed to the encoder; the engine done
+        started = ended = False  # the answer's headers sent; the engine done
         finish_reason = "stop"
-        # What the engine sent from the read that ended its answer on, encoded and written with the final events
-        # once the record is durable: the client would not see the answer complete before then anyway, and one
-        # write is one relay through mitmproxy instead of two racing the record's thread for the GIL (round18.md).
-        held: list[bytes] = []
+        # Encoded, not yet written: the stream's opening until the first write, and from the engine's read that ended
+        # its answer on, everything, written with the final events once the record is durable: the client would not
+        # see the answer complete before then anyway, and one write is one relay through mitmproxy instead of two
+        # racing the record's thread for the GIL (round18.md).
+        held: list[bytes] = [encoder.feed(start)] if encoder is not None else []
         try:
             async with aclosing(self.engine.stream(turn.info.session_id, gen)) as routed_chunks:
                 async for routed, chunk in routed_chunks:
@@ -239,9 +240,6 @@ class Generator:
                     if encoder is None:
                         acc.feed_all(events)
                         continue
-                    if not fed:
-                        held.append(encoder.feed(start))
-                        fed = True
                     held.append(_encode(events, acc, encoder))  # one write per engine read, not per event
                     if ended:
                         continue  # the engine is done: the rest goes out after the record
@@ -292,8 +290,6 @@ class Generator:
         else:
             if not started:
                 await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-            if not fed:
-                held.insert(0, encoder.feed(start))
             await sink.write(b"".join(held + [encoder.feed(event) for event in final]))
         await sink.end()
         self.stats.call_done(time.perf_counter() - turn.engine_done, len(turn.completion_ids))
