@@ -41,14 +41,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import sys
 import uuid
-from collections.abc import Iterable
+import weakref
 from pathlib import Path
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.net.tls import starts_like_tls_record
+from mitmproxy.proxy import layer, layers
+from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
 # mitmdump loads this file as a script; make the repository importable when harnessrl is not pip-installed.
 _ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +62,7 @@ from addon.generation.sessions import SESSION_HEADER  # noqa: E402
 from addon.records.store import RecordStoreError  # noqa: E402
 from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
 from addon.serving.config import OPTIONS, CaptureConfig, add_options  # noqa: E402
+from addon.serving.field_lines import fold_field_lines  # noqa: E402
 from addon.serving.lean_chain import idle_addons, woken  # noqa: E402
 from addon.serving.runtime import Runtime  # noqa: E402
 from addon.serving.server import (  # noqa: E402
@@ -102,6 +106,10 @@ class Capture:
         self._waiting = 0  # calls waiting for start-up to end
         self._shared: asyncio.Server | None = None  # the SO_REUSEPORT listener (harnessrl_shared_port)
         self._dropped: dict[str, tuple[str, ...]] = {}  # idle mitmproxy addons dropped at start-up, their options
+        # the TLS relay (harnessrl_relay): CONNECT tunnels to intercepted hosts -> the session their credentials name,
+        # and the relay connections mitmproxy opens for them -> that session
+        self._tunnels: weakref.WeakKeyDictionary[connection.Client, str] = weakref.WeakKeyDictionary()
+        self._relayed: weakref.WeakKeyDictionary[connection.Server, str] = weakref.WeakKeyDictionary()
 
     def load(self, loader) -> None:
         add_options(loader)
@@ -272,6 +280,56 @@ class Capture:
         req.scheme, req.host, req.port, req.path = "http", INTERNAL_HOST, port, CALL_PATH
         flow.metadata["harnessrl"] = admitted.session
 
+    # ------------------------------------------------------------------------ the TLS relay (addon/serving/relay.py)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        """A tunnel to an intercepted host whose proxy credentials name a session may be relayed (next_layer)."""
+        if self.config is None or not self.config.relay or self.config.session_sources[:1] != ("proxyauth",):
+            return  # relayed, a call's session is its tunnel's: only when the credentials come first
+        auth = flow.metadata.get("proxyauth")  # set by mitmproxy's proxyauth addon, which runs before this one
+        if isinstance(auth, tuple) and auth and auth[0] and self._intercepted(flow):
+            self._tunnels[flow.client_conn] = auth[0]
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        """In a remembered tunnel: TLS terminated on the client's side only (HTTP/1.1 by ALPN), then the decrypted
+        bytes relayed to the relay server unparsed (a TCP layer that fires no hooks). Anything else keeps
+        mitmproxy's own choice: an HTTP/2-only client, a session another process answers, a runtime not up."""
+        context = nextlayer.context
+        session = self._tunnels.get(context.client)
+        if session is None or context.server.address is None or self._unavailable is not None:
+            return
+        relay = self.runtime.relay if self.runtime is not None else None
+        if relay is None or self._port_for(session) != self.runtime.port:  # type: ignore[union-attr]
+            return
+        if not context.client.tls:
+            if not starts_like_tls_record(nextlayer.data_client()):
+                return  # not TLS (yet): mitmproxy decides
+            try:
+                hello = parse_client_hello(nextlayer.data_client())
+            except ValueError:
+                return  # mitmproxy's TLS layer reports it
+            if hello is None:
+                nextlayer.layer = None  # decide once the whole ClientHello is in
+            elif not hello.alpn_protocols or b"http/1.1" in hello.alpn_protocols:
+                if hello.alpn_protocols:
+                    context.client.alpn = b"http/1.1"  # what mitmproxy's TLS config then selects
+                nextlayer.layer = layers.ClientTLSLayer(context)
+        elif context.client.alpn in (None, b"http/1.1"):
+            context.server.address = (INTERNAL_HOST, relay.port)
+            self._relayed[context.server] = session
+            nextlayer.layer = layers.TCPLayer(context, ignore=True)
+
+    def server_connected(self, data: ServerConnectionHookData) -> None:
+        session = self._relayed.get(data.server)
+        if session is not None and data.server.sockname and self.runtime is not None and self.runtime.relay:
+            self.runtime.relay.register(data.server.sockname[1], data.server, session)
+
+    def server_disconnected(self, data: ServerConnectionHookData) -> None:
+        if data.server in self._relayed and data.server.sockname and self.runtime is not None and self.runtime.relay:
+            self.runtime.relay.unregister(data.server.sockname[1], data.server)
+
+    # ------------------------------------------------------------------------------------------- retargeted flows
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if "harnessrl" in flow.metadata and flow.response is not None:
             flow.response.stream = True  # pass every chunk on as the engine samples it
@@ -296,34 +354,6 @@ class Capture:
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         if self._intercepted(flow) and flow.websocket is not None:
             log.info("harnessrl: websocket on an intercepted host was not refused: %s", flow.request.pretty_url)
-
-
-# --------------------------------------------------------------------------------------------- header field lines
-# aiohttp's strict request parser (the internal server's) answers "400 Duplicate '<name>' header found" to a second
-# field line of these names (aiohttp.http_parser.SINGLETON_HEADERS, aiohttp 3.14), lower-case like the keys below.
-AIOHTTP_SINGLETONS = frozenset(
-    {
-        b"content-length",
-        b"content-location",
-        b"content-range",
-        b"content-type",
-        b"etag",
-        b"host",
-        b"max-forwards",
-        b"server",
-        b"transfer-encoding",
-        b"user-agent",
-    }
-)
-# A vendor SDK's or HTTP library's own agent: a harness that adds a User-Agent line of its own names itself there, so
-# the folded value lists the harness first, where harness_from_user_agent (addon/serving/server.py) looks when no
-# pattern of
-# its table matches (hermes: "claude-code/2.0.14 Anthropic/Python 0.69.0" is claude-code, not "Anthropic").
-_LIBRARY_AGENT = re.compile(
-    rb"^\s*(?:anthropic/|openai/|google-genai-sdk/|python-httpx/|python-requests/|python-urllib|aiohttp/|node-fetch/"
-    rb"|node/|axios/|undici|okhttp/|go-http-client/|curl/)",
-    re.IGNORECASE,
-)
 
 
 def drop_idle_addons(manager, options) -> dict[str, tuple[str, ...]]:
@@ -352,69 +382,6 @@ def drop_idle_addons(manager, options) -> dict[str, tuple[str, ...]]:
             ", ".join(dropped),
         )
     return dropped
-
-
-def fold_field_lines(fields: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
-    """One field line per name (at its first line's place, with its first spelling), values combined.
-
-    HTTP allows a field to be repeated and a recipient to combine the lines (RFC 9110 §5.3); the internal server keeps
-    one value per name, and refuses repeated singletons outright. Combining:
-
-    * ``User-Agent``: the distinct values joined by a space, library agents last. Its grammar is a space-separated
-      list of products (RFC 9110 §10.1.5), so the result is one valid User-Agent naming every product; a comma (the
-      list-field separator) is not part of that grammar. The record keeps both values (``identity_hints``).
-    * ``Cookie``: joined by ``"; "`` (RFC 6265 §5.4), as mitmproxy does for HTTP/2 cookies.
-    * ``Content-Length``: one line when all agree; values that disagree raise.
-    * ``Transfer-Encoding`` repeated, or present with ``Content-Length``: raises (RFC 9112 §6.1, §6.3: request
-      smuggling). mitmproxy's ``validate_inbound_headers`` (on by default) refuses these first; this keeps the
-      internal server safe when that check is off.
-    * the other singletons aiohttp refuses (Content-Type, ETag, Host...): exact repeats are dropped; different values
-      keep the first, as Node's and Go's servers do (logged).
-    * any other field: joined by ``", "`` (RFC 9110 §5.3), which is also what the addon saw (mitmproxy's
-      ``Headers[name]``); kept apart, the internal server would see only the last line.
-
-    Raises :class:`ConversionError` (``invalid_request``) on ambiguous framing."""
-    grouped: dict[bytes, tuple[bytes, list[bytes]]] = {}
-    for name, value in fields:
-        key = name.lower()
-        if key in grouped:
-            grouped[key][1].append(value)
-        else:
-            grouped[key] = (name, [value])
-    _check_framing(grouped)
-    return tuple((name, _combine(key, values)) for key, (name, values) in grouped.items())
-
-
-def _check_framing(grouped: dict[bytes, tuple[bytes, list[bytes]]]) -> None:
-    te = grouped.get(b"transfer-encoding", (b"", []))[1]
-    cl = grouped.get(b"content-length", (b"", []))[1]
-    if len(te) > 1:
-        raise ConversionError("invalid_request", "several Transfer-Encoding header lines: ambiguous message framing")
-    if te and cl:
-        raise ConversionError(
-            "invalid_request", "both Transfer-Encoding and Content-Length headers: ambiguous message framing"
-        )
-    if len({v.strip() for v in cl}) > 1:
-        lengths = b", ".join(cl).decode("ascii", "replace")
-        raise ConversionError(
-            "invalid_request", f"Content-Length header lines disagree ({lengths}): ambiguous message framing"
-        )
-
-
-def _combine(key: bytes, values: list[bytes]) -> bytes:
-    if len(values) == 1:
-        return values[0]
-    if key == b"cookie":
-        return b"; ".join(values)
-    if key == b"user-agent":
-        distinct = list(dict.fromkeys(v.strip() for v in values if v.strip()))
-        return b" ".join(sorted(distinct, key=lambda v: bool(_LIBRARY_AGENT.match(v))))  # stable: harness first
-    if key in AIOHTTP_SINGLETONS:
-        distinct = list(dict.fromkeys(values))
-        if len(distinct) > 1:
-            log.info("harnessrl: %d different %s header lines; the first is kept", len(distinct), key.decode())
-        return distinct[0]
-    return b", ".join(values)
 
 
 def _arrival(flow: http.HTTPFlow) -> Arrival:

@@ -87,6 +87,14 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
         True,
         "Also answer vendor routes (/s/<session>/v1/...) on the internal port: a base URL without mitmproxy.",
     ),
+    (
+        "harnessrl_relay",
+        bool,
+        True,
+        "HTTPS_PROXY tunnels whose proxy credentials name a session of this process: mitmproxy terminates TLS and "
+        "relays the bytes unparsed to harnessrl's HTTP/1.1 server (addon/serving/relay.py). false: every call is a "
+        "mitmproxy flow.",
+    ),
     ("harnessrl_gc_young", int, 5_000, "Collector's young threshold, start-up heap frozen (0: Python's defaults)."),
     ("harnessrl_malloc_arenas", int, 2, "glibc M_ARENA_MAX for the proxy process (0: glibc's default)."),
     ("harnessrl_trim_every", int, 30, "Return glibc's free memory to the system at most every N s (0: never)."),
@@ -138,6 +146,7 @@ class CaptureConfig:
     stream_interval: int = 8
     tuning: ProcessTuning = ProcessTuning()
     base_url: bool = True
+    relay: bool = True
     engine_wait_s: float = 600.0
     startup_wait_s: float = 120.0
     workers: int = 1
@@ -212,6 +221,7 @@ class CaptureConfig:
             force_tool_calls=o.harnessrl_force_tool_calls,
             stream_interval=o.harnessrl_stream_interval,
             base_url=o.harnessrl_base_url,
+            relay=o.harnessrl_relay,
             engine_wait_s=float(o.harnessrl_engine_wait_s),
             startup_wait_s=float(o.harnessrl_startup_wait_s),
             workers=o.harnessrl_workers,

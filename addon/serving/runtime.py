@@ -37,6 +37,7 @@ from addon.serving import tuning
 from addon.serving.aio import spawn
 from addon.serving.base_url import BaseUrlEndpoint
 from addon.serving.config import CaptureConfig
+from addon.serving.relay import RelayServer
 from addon.serving.routes import CountTokens, LocalAnswer, ModelList, WebSocketRefused
 from addon.serving.server import InternalServer
 from addon.serving.shared_port import StaticPeers
@@ -61,6 +62,7 @@ class Runtime:
         self.max_model_len = 0
         self.generator: Generator | None = None
         self.server: InternalServer | None = None
+        self.relay: RelayServer | None = None  # the TLS relay's HTTP/1.1 server (harnessrl_relay)
         self._bind_lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
         self.trimmer = Trimmer(config.tuning)
@@ -102,8 +104,12 @@ class Runtime:
         )
         if config.base_url:
             BaseUrlEndpoint(runtime.server, config.session_sources, config.max_body, runtime.answer_locally).install()
+        if config.relay:
+            runtime.relay = RelayServer(runtime.server, config.session_sources, config.max_body, runtime.answer_locally)
         try:
             await runtime.server.start(port=config.server_port)
+            if runtime.relay is not None:
+                await runtime.relay.start()
             if runtime.workers is not None:
                 await runtime.workers.start()
             try:
@@ -141,6 +147,7 @@ class Runtime:
             "generator": generator_probe,
             "store_buffered_rows": lambda: self.store.buffered_rows,
             "trims": lambda: {"count": self.trimmer.trims, "returned_mib": round(self.trimmer.returned_mib, 1)},
+            "relay": lambda: self.relay.snapshot() if self.relay is not None else {},
         }
 
     async def bind(self) -> Generator:
@@ -201,12 +208,22 @@ class Runtime:
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        stopping = [self.server.stop()] if self.server is not None else []
+        stopping = [self._stop_servers()]
         if self.workers is not None:
             stopping.append(self.workers.stop())  # each finishes its calls and closes its own store
         await asyncio.gather(*stopping)
         await asyncio.to_thread(self.store.close)
         await self.engine.aclose()
+
+    async def _stop_servers(self) -> None:
+        """The relay takes no new connection; the internal server gives every call in flight (the relay's too) its
+        grace period; then the relay's idle connections close."""
+        if self.relay is not None:
+            await self.relay.close_listener()
+        if self.server is not None:
+            await self.server.stop()
+        if self.relay is not None:
+            await self.relay.stop()
 
     async def count_tokens(self, route: Route, body: bytes, headers: Mapping[str, str]) -> LocalReply:
         dialect = dialect_for(route.format)

@@ -135,12 +135,23 @@ class LoopMonitor:
         }
 
 
+class AnswerSink(ResponseSink, Protocol):
+    """A front door's sink: the Generator's, and whether the answer's head went out."""
+
+    @property
+    def started(self) -> bool: ...
+
+
 class _Sink:
     """Adapts an aiohttp StreamResponse to the Generator's ResponseSink."""
 
     def __init__(self, request: web.Request) -> None:
         self._request = request
         self.response: web.StreamResponse | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
 
     async def start(self, status: int, headers: Mapping[str, str]) -> None:
         self.response = web.StreamResponse(status=status, headers=dict(headers))
@@ -287,6 +298,24 @@ class InternalServer:
         received = datetime.now(UTC)
         if body is None:
             body = await request.read()
+        sink = _Sink(request)
+        if not await self.answer_call(decision, session, headers, body, sink, call_id, received):
+            return web.json_response({"error": {"message": "internal proxy error"}}, status=500)
+        assert sink.response is not None
+        return sink.response
+
+    async def answer_call(
+        self,
+        decision: ModelCall,
+        session: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        sink: AnswerSink,
+        call_id: str | None = None,
+        received: datetime | None = None,
+    ) -> bool:
+        """Answer one model call of ``session`` on ``sink`` (any front door: the hop, the base URL, the TLS relay);
+        False when an unexpected failure left nothing written (the caller answers 500)."""
         ua = headers.get("user-agent", "")
         harness, version = harness_from_user_agent(ua)
         info = CallInfo(
@@ -294,12 +323,11 @@ class InternalServer:
             session_id=session,
             route=decision.route,
             headers=headers,
-            received_at=received,
+            received_at=received or datetime.now(UTC),
             harness=harness,
             harness_version=version,
             call_id=call_id or uuid.uuid4().hex,
         )
-        sink = _Sink(request)
         task = asyncio.current_task()
         if task is not None:
             self._calls.add(task)
@@ -311,13 +339,11 @@ class InternalServer:
         except Exception:  # the proxy never dies on a request; the generator already answers known failures
             log.exception("unexpected failure in call %s", info.call_id)
             self.stats.error("internal")
-            if sink.response is None:
-                return web.json_response({"error": {"message": "internal proxy error"}}, status=500)
+            return sink.started
         finally:
             if task is not None:
                 self._calls.discard(task)
-        assert sink.response is not None
-        return sink.response
+        return True
 
     def _fanout(self, request: web.Request) -> Peers | None:
         """The other processes an admin request reaches through this one: none when a peer asks (it fans out
