@@ -5,9 +5,14 @@ Contract
 Requests to the intercepted hosts (default api.anthropic.com, api.openai.com, generativelanguage.googleapis.com;
 ``*`` or reverse mode: every request) are answered locally and never leave the machine:
 
-* model calls are retargeted to the in-process :class:`~addon.serving.server.InternalServer`, which generates from
-  vLLM and
-  streams the answer back through mitmproxy (``flow.response.stream``), recording one row per call;
+* in an ``HTTPS_PROXY`` tunnel whose proxy credentials name a session this process answers (``harnessrl_relay``,
+  on by default), mitmproxy only terminates the client's TLS (HTTP/1.1 by ALPN) and relays the bytes, unparsed and
+  without a flow, to the in-process :class:`~addon.serving.relay.RelayServer`, which answers each request of the
+  connection as the base URL does (``http_connect`` remembers the tunnel, ``next_layer`` picks the layers,
+  ``server_connected`` tells the relay server whose connection it is);
+* other model calls (reverse mode, an HTTP/2-only client, another process's session, ``harnessrl_relay=false``) are
+  retargeted to the in-process :class:`~addon.serving.server.InternalServer`, which generates from vLLM and streams
+  the answer back through mitmproxy (``flow.response.stream``); either way one row per call is recorded;
 * ``count_tokens`` / ``:countTokens`` get real tokenizer counts, model listings list the served model, Codex's
   WebSocket upgrade gets 426 (it falls back to HTTPS at once), anything else gets a harmless local answer, logged;
 * hosts that are not intercepted pass through untouched.
@@ -30,10 +35,11 @@ dropped if the hop fails; the flow gets its body back once the hop is over (answ
 mitmproxy shows or saves is what the client sent. Calls of other processes' sessions carry their body over loopback.
 
 Header field lines: a retargeted call reaches the internal server with one field line per name
-(:func:`fold_field_lines`), because aiohttp's request parser refuses a repeated User-Agent, Content-Type... that
-clients do send (hermes: its SDK's ``User-Agent`` plus its own ``user-agent``) and the vendors accept. Repeated
-framing lines (Content-Length values that disagree, several Transfer-Encoding lines, or both fields) are refused with
-a vendor-shaped 400 instead: they are how request smuggling works.
+(:func:`~addon.serving.field_lines.fold_field_lines`; the relay server folds the same way), because aiohttp's
+request parser refuses a repeated User-Agent, Content-Type... that clients do send (hermes: its SDK's
+``User-Agent`` plus its own ``user-agent``) and the vendors accept. Repeated framing lines (Content-Length values
+that disagree, several Transfer-Encoding lines, or both fields) are refused with a vendor-shaped 400 instead: they
+are how request smuggling works.
 """
 
 from __future__ import annotations

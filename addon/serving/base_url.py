@@ -14,8 +14,8 @@ the caller's wire format.
 
 Limitation: aiohttp's request parser refuses a repeated singleton header (two ``User-Agent`` lines...) with a
 plain-text 400 before any handler or middleware runs, and has no public setting to relax it; the capture addon folds
-such lines before a call reaches this server through mitmproxy (``addon.capture.fold_field_lines``), so a client that
-repeats them must use mitmproxy's port.
+such lines before a call reaches this server through mitmproxy, and the TLS relay's server folds them too
+(:func:`addon.serving.field_lines.fold_field_lines`), so a client that repeats them must use mitmproxy's port.
 
 Why: a call through mitmproxy is parsed and relayed twice (mitmproxy's HTTP layers, then this server); a harness
 that takes a base URL over plain HTTP on the same machine needs neither hop (benchmarks/side_by_side.py measures
