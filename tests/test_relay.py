@@ -25,6 +25,7 @@ from addon import launch
 from addon.records.schema import read_records
 from addon.serving.runtime import Runtime
 from benchmarks import fake_engine
+from benchmarks.fake_engine import FakeEngine, Faults
 from tests.runtime_world import start_runtime
 
 integration = pytest.mark.integration
@@ -99,15 +100,20 @@ class Link:
 
 
 @pytest.fixture
-async def relayed(smollm2_tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[Runtime]:
-    _, server, runtime = await start_runtime(
+async def world(smollm2_tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[tuple[Runtime, FakeEngine]]:
+    engine, server, runtime = await start_runtime(
         smollm2_tokenizer_dir, tmp_path / "records", tokens=8, harnessrl_max_body=200_000
     )
     try:
-        yield runtime
+        yield runtime, engine
     finally:
         await asyncio.wait_for(runtime.stop(), 30)
         await server.close()
+
+
+@pytest.fixture
+def relayed(world: tuple[Runtime, FakeEngine]) -> Runtime:
+    return world[0]
 
 
 def rows(records: Path) -> list[dict]:
@@ -195,6 +201,26 @@ async def test_expect_100_continue_and_local_answers(relayed: Runtime):
         await link.send_raw(link.conn.send(h11.Data(data=data)) + link.conn.send(h11.EndOfMessage()))
         head, _ = await link.response()
         assert head.status_code == 200
+
+
+async def test_a_client_that_hangs_up_stops_its_call_before_the_engine_answers(world, tmp_path: Path):
+    runtime, engine = world
+    engine.faults = Faults(hang=True, calls=1)  # the engine accepts the call and never sends a token
+    async with Link(runtime, "gone") as link:
+        await link.request("/v1/chat/completions", CHAT)
+        for _ in range(100):
+            if engine.active:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.active == 1
+    for _ in range(100):  # no byte was written: only the connection's end can tell the call its client left
+        if engine.aborted:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.aborted == 1
+    await runtime.stop()
+    got = read_records([str(tmp_path / "records")], columns=["session_id", "error", "incomplete"]).to_pylist()
+    assert got == [{"session_id": "gone", "error": "client_disconnected", "incomplete": True}]
 
 
 async def test_a_port_is_forgotten_only_by_its_own_connection(relayed: Runtime):

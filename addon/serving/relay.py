@@ -41,6 +41,7 @@ import h11
 
 from addon.generation.sessions import SESSION_HEADER, SessionSource
 from addon.serving.admission import Admitted, Arrival, LocalDecision, Refused, admit, refusal, too_large
+from addon.serving.aio import spawn
 from addon.serving.field_lines import fold_field_lines
 from addon.serving.server import INTERNAL_HEADERS, InternalServer
 from converters.canonical import ConversionError
@@ -212,8 +213,14 @@ class RelayServer:
         elif isinstance(verdict, Admitted):
             sink = _Sink(conn, writer)
             received = datetime.now(UTC)
-            if not await self.server.answer_call(verdict.call, verdict.session, arrival.headers, body, sink,
-                                                 received=received):  # fmt: skip
+            watch = spawn(_hang_up_watch(conn, reader, asyncio.current_task()), "relay hang-up watch")
+            try:
+                answered = await self.server.answer_call(verdict.call, verdict.session, arrival.headers, body, sink,
+                                                         received=received)  # fmt: skip
+            finally:
+                watch.cancel()
+                await asyncio.wait([watch])  # its read ended before this connection's next one starts
+            if not answered:
                 await _send_whole(conn, writer, *_plain(500, "internal proxy error"))
             elif not sink.ended:
                 return False  # an unexpected failure after the answer started: the client sees the stream cut
@@ -260,6 +267,17 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, writer
         if seen is not None and not seen:
             seen.append(data[:REQUEST_LINE_BYTES])
         conn.receive_data(data)
+
+
+async def _hang_up_watch(conn: h11.Connection, reader: asyncio.StreamReader, call: asyncio.Task | None) -> None:
+    """While a call is answered: the client's end of the connection (mitmproxy closes it when the client goes) cancels
+    the call's task, as aiohttp's handler cancellation does behind the hop, so a call waiting on the engine (a long
+    prefill, no byte written yet) stops and is recorded incomplete at once. Bytes that arrive meanwhile (a pipelined
+    request) are kept for h11."""
+    while data := await reader.read(READ_BYTES):
+        conn.receive_data(data)
+    if call is not None:
+        call.cancel()
 
 
 async def _read_body(conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
