@@ -77,7 +77,7 @@ def test_worker_config_rebuilds_the_proxys_configuration(tmp_path: Path) -> None
     config = worker_config(json.dumps(values), "run-x", tmp_path / "worker-1")
     assert isinstance(config, CaptureConfig)
     assert (config.records_dir, config.run_id, config.server_port) == (tmp_path / "worker-1", "run-x", 0)
-    assert (config.workers, config.base_url) == (1, False)  # a worker never starts workers or a base URL
+    assert (config.workers, config.base_url, config.relay) == (1, False, False)  # nor workers, a base URL, a relay
     assert (config.budget.max_calls, config.sampling.temperature) == (7, 0.5)
     assert config.engine_urls == ("http://127.0.0.1:9",)
     with pytest.raises(ValueError, match="harnessrl_workers"):

@@ -46,10 +46,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def worker_config(options_json: str, run_id: str, records_dir: Path) -> CaptureConfig:
-    """The proxy's configuration as this worker runs it: its own records folder and port, no base-URL routes."""
+    """The proxy's configuration as this worker runs it: its own records folder and port, no base-URL routes and no
+    TLS relay server (only the mitmproxy process relays: a worker's sessions come over the hop)."""
     values = {name: default for name, _, default, _ in OPTIONS} | json.loads(options_json)
     config = CaptureConfig.from_options(SimpleNamespace(**values))
-    return dataclasses.replace(config, records_dir=records_dir, run_id=run_id, server_port=0, base_url=False, workers=1)
+    return dataclasses.replace(
+        config, records_dir=records_dir, run_id=run_id, server_port=0, base_url=False, relay=False, workers=1
+    )
 
 
 def parent_gone(parent: int) -> bool:
