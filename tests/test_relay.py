@@ -223,6 +223,15 @@ async def test_a_client_that_hangs_up_stops_its_call_before_the_engine_answers(w
     assert got == [{"session_id": "gone", "error": "client_disconnected", "incomplete": True}]
 
 
+async def test_the_runtime_stops_with_a_kept_alive_connection_still_open(relayed: Runtime):
+    async with Link(relayed, "idle") as link:
+        await link.request("/v1/chat/completions", CHAT)
+        head, _ = await link.response()
+        assert head.status_code == 200
+        await asyncio.wait_for(relayed.stop(), 15)  # the connection waits for a next request that never comes
+        assert await link.closed()
+
+
 async def test_a_port_is_forgotten_only_by_its_own_connection(relayed: Runtime):
     relay = relayed.relay
     assert relay is not None
