@@ -35,13 +35,13 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Protocol
 
 import h11
 
 from addon.generation.sessions import SESSION_HEADER, SessionSource
 from addon.serving.admission import Admitted, Arrival, LocalDecision, Refused, admit, refusal, too_large
 from addon.serving.aio import spawn
+from addon.serving.base_url import Reply
 from addon.serving.field_lines import fold_field_lines
 from addon.serving.server import INTERNAL_HEADERS, InternalServer
 from converters.canonical import ConversionError
@@ -54,19 +54,6 @@ REQUEST_LINE_BYTES = 8192  # kept of a request's first read: its request line, f
 _REQUEST_LINE = re.compile(rb"([A-Z]{3,7}) (/[^ \r\n]*) HTTP/1\.[01]\r?\n")
 LINGER_S = 30.0  # at most this long reading a refused body before closing (a slow client's 20 MB upload)
 _NO_BODY = {"content-length", "transfer-encoding", "connection"}  # framing fields h11 sets itself
-
-
-class Reply(Protocol):
-    """What :meth:`addon.serving.runtime.Runtime.answer_locally` returns (``LocalReply``)."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def headers(self) -> dict[str, str]: ...
 
 
 class RelayServer:
