@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -21,7 +22,7 @@ from addon.engine.client import (
     GenerationRequest,
 )
 from addon.generation.parser import OutputParser
-from benchmarks.fake_engine import FakeEngine, Faults, Pace
+from benchmarks.fake_engine import FakeEngine, Faults, Pace, count_ids
 from benchmarks.sessions import FORMATS, decode_reply, path_for
 from converters.canonical import ToolCallStarted
 
@@ -139,6 +140,21 @@ async def test_models_and_context_length(served, smollm2_tokenizer_dir):
         with pytest.raises(ContextTooLong) as err:
             await client.generate(GenerationRequest(prompt_ids=(1,) * 5000, max_tokens=1))
     assert err.value.max_context == 4096 and err.value.prompt_tokens == 5000
+
+
+@pytest.mark.parametrize("ids", [[7], [0, 49151, 12], list(range(3000))])
+def test_prompt_ids_are_counted_without_decoding(ids):
+    assert count_ids(msgspec.Raw(json.dumps(ids).encode())) == len(ids)
+    assert count_ids(msgspec.Raw(b" [ 1 ,2,\n3 ] ")) == 3
+
+
+@pytest.mark.parametrize("prompt", ["[]", '"text"', '[1, "a,b"]', "[1.5]", "[-1]", "[1e3]", "[[1, 2]]", "[null]", "{}"])
+async def test_a_prompt_that_is_not_token_ids_gets_a_400(served, prompt):
+    engine, url = served
+    body = b'{"prompt": ' + prompt.encode() + b', "max_tokens": 4}'
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400 and engine.calls == 0
 
 
 async def test_faults_status_drop_and_delay_then_healthy_again(served):
