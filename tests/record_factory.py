@@ -4,6 +4,8 @@
 dropped any field would fail); ``extend_record(parent, i)`` the next call of its session, whose prompt is the
 parent's prompt and answer then new ids (what a tool loop's calls are); ``session_chains(count)`` such calls of
 three sessions, interleaved; ``records()`` draws arbitrary valid records with unique call ids.
+``tool_loop_requests(calls)`` gives the ``request_canonical`` blobs of a growing tool loop, packed as the generator
+packs them (:class:`~addon.records.blob_frames.RequestFrames`: each blob begins with its predecessor's sealed frames).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from addon.records.blob_frames import RequestFrames
+from addon.records.blobs import CanonicalJson
 from addon.records.schema import CallRecord, TurnTokens, pack_json
-from converters.canonical import WIRE_FORMATS
+from converters.canonical import WIRE_FORMATS, Message, ModelRequest, TextPart, ToolCallPart, ToolResultPart
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -81,6 +85,20 @@ def extend_record(parent: CallRecord, i: int, *, new_len: int = 50, **overrides:
     tokens = TurnTokens((*seq, *own.tokens.prompt_ids), own.tokens.completion_ids, own.tokens.completion_logprobs)
     fields: dict[str, Any] = {"parent_call_id": parent.call_id, "prompt_reused_tokens": len(seq), "fork_reason": None}
     return replace(own, tokens=tokens, **(fields | overrides))
+
+
+def tool_loop_requests(calls: int, session: str = "s", result_chars: int = 6000) -> Iterator[bytes]:
+    """The request blobs of ``calls`` calls of one tool loop: call k's history is call k-1's plus a tool call and a
+    ~``result_chars`` tool result (each different), packed by one :class:`RequestFrames` for ``session``."""
+    frames, json_cache = RequestFrames(seal_chars=16 << 10), CanonicalJson()
+    rng = random.Random(session)
+    history = [Message("system", (TextPart("Work in the repository. " * 200),)), Message("user", (TextPart("fix"),))]
+    for k in range(calls):
+        text, layout = json_cache.request_layout(ModelRequest("anthropic", "m", tuple(history)), session)
+        yield frames.pack(text, layout, session)
+        lines = "".join(f"{rng.randrange(10**9)} line {i} of file {k}\n" for i in range(result_chars // 30))
+        history.append(Message("assistant", (ToolCallPart(f"c{k}", "read", f'{{"path": "f{k}.py"}}'),)))
+        history.append(Message("tool", (ToolResultPart(f"c{k}", (TextPart(lines),)),)))
 
 
 def session_chains(count: int, sessions: int = 3, prompt_len: int = 2000) -> Iterator[CallRecord]:

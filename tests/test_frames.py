@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from addon.records import frames
 from addon.records.schema import CallRecord, row_parts, rows_batch, to_batch
-from tests.record_factory import extend_record, make_record, records
+from tests.record_factory import extend_record, make_record, records, tool_loop_requests
 
 _ids = count()
 
@@ -182,3 +182,44 @@ def test_any_record_extended_at_any_point_round_trips_as_a_delta(
     assert reader.decode(frames.encode(row_parts(parent))) == parent
     payload = frames.encode(row_parts(child), _base(child) if n else None)
     assert reader.decode(payload) == child
+
+
+# ------------------------------------------------------------------------------------------------ request deltas
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40_000), st.binary(max_size=3), st.binary(max_size=2_000), st.data())
+def test_shared_prefix_is_the_length_of_the_common_start(
+    common: bytes, a: bytes, b: bytes, data: st.DataObject
+) -> None:
+    x, y = common + a, common + b
+    expected = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+    assert frames.shared_prefix(x, y) == frames.shared_prefix(y, x) == expected
+    cut = data.draw(st.integers(0, len(x)))
+    assert frames.shared_prefix(x, x[:cut]) == cut
+
+
+def test_a_delta_frame_holds_only_the_request_bytes_after_its_parents_and_the_reader_rebuilds_them() -> None:
+    blobs = list(tool_loop_requests(12))
+    root = make_record(0, prompt_len=3000, parent_call_id=None, prompt_reused_tokens=0, request_canonical=blobs[-2])
+    child = extend_record(root, 1, request_canonical=blobs[-1])
+    shared = frames.shared_prefix(root.request_canonical, child.request_canonical)
+    assert shared >= frames.MIN_SHARED_BYTES
+    whole = frames.encode(row_parts(child), _base(child))
+    delta = frames.encode(row_parts(child), frames.PromptBase(root.call_id, child.prompt_reused_tokens, shared))
+    assert shared - 32 <= len(whole) - len(delta) <= shared  # the shared bytes, less the base's key and value
+    reader = frames.FrameReader()
+    assert reader.decode(frames.encode(row_parts(root))) == root
+    assert reader.decode(delta) == child
+
+
+def test_a_request_base_longer_than_the_blob_or_than_the_parents_is_refused() -> None:
+    root = make_record(0, prompt_len=50, parent_call_id=None, prompt_reused_tokens=0)
+    child = extend_record(root, 1, request_canonical=root.request_canonical + b"more")
+    n = child.prompt_reused_tokens
+    with pytest.raises(ValueError, match="request base"):
+        frames.encode(row_parts(child), frames.PromptBase(root.call_id, n, len(child.request_canonical) + 1))
+    reader = frames.FrameReader()
+    reader.decode(frames.encode(row_parts(dataclasses.replace(root, request_canonical=b"short"))))
+    with pytest.raises(ValueError, match="request is shorter"):
+        reader.decode(frames.encode(row_parts(child), frames.PromptBase(root.call_id, n, len(root.request_canonical))))

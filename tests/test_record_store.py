@@ -24,7 +24,7 @@ from addon.records import store as record_store
 from addon.records import wal
 from addon.records.schema import SCHEMA_VERSION, CallRecord, read_records, records_from_table, row_parts, to_batch
 from addon.records.store import RecordStore, RecordStoreError, StoreConfig
-from tests.record_factory import extend_record, make_record, records, session_chains
+from tests.record_factory import extend_record, make_record, records, session_chains, tool_loop_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -161,16 +161,21 @@ def test_a_wal_segment_of_format_1_is_recovered(tmp_path: Path) -> None:
     assert _stored(tmp_path) == sorted([*rows, make_record(3)], key=lambda r: r.call_id)
 
 
-def test_a_wal_segment_of_format_2_is_recovered(tmp_path: Path) -> None:
-    """Format 2 (whole msgpack frames, no deltas) is what the previous proxy wrote."""
-    rows = [make_record(i, prompt_len=300) for i in range(3)]
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_wal_segment_of_an_older_format_is_recovered(tmp_path: Path, version: int) -> None:
+    """Format 2 (whole msgpack frames) and 3 (deltas of prompt ids only) are what earlier proxies wrote."""
+    root = make_record(0, prompt_len=300, parent_call_id=None, fork_reason=None, prompt_reused_tokens=0)
+    rows = [root, make_record(1, prompt_len=300), extend_record(root, 2)]
     (tmp_path / "wal").mkdir()
-    payloads = [record_frames.encode(row_parts(r)) for r in rows]
+    payloads = [record_frames.encode(row_parts(r)) for r in rows[:2]]
+    last = rows[2]
+    base = record_frames.PromptBase(root.call_id, last.prompt_reused_tokens) if version == 3 else None
+    payloads.append(record_frames.encode(row_parts(last), base))
     body = b"".join(wal._FRAME.pack(len(p), zlib.crc32(p)) + p for p in payloads)
-    (tmp_path / "wal" / "wal-00000001.log").write_bytes(wal._HEADER.pack(wal.MAGIC, 2, SCHEMA_VERSION) + body)
+    (tmp_path / "wal" / "wal-00000001.log").write_bytes(wal._HEADER.pack(wal.MAGIC, version, SCHEMA_VERSION) + body)
     with RecordStore.open(tmp_path, "run-1") as store:
         assert store.recovery.recovered_rows == 3
-    assert _stored(tmp_path) == rows
+    assert _stored(tmp_path) == sorted(rows, key=lambda r: r.call_id)
 
 
 def _crash_copy(folder: Path, to: Path) -> Path:
@@ -194,6 +199,32 @@ def test_a_call_that_extends_a_buffered_call_writes_only_its_new_ids_and_is_reco
     store.close()
     with RecordStore.open(crashed) as again:
         assert again.recovery.recovered_rows == 12
+    assert _stored(crashed) == _stored(tmp_path / "run") == sorted(chain, key=lambda r: r.call_id)
+
+
+def test_a_tool_loops_frames_hold_only_the_request_bytes_its_parent_did_not_and_recover_whole(tmp_path: Path) -> None:
+    blobs = list(tool_loop_requests(16))
+    chain = [make_record(0, prompt_len=500, parent_call_id=None, fork_reason=None, prompt_reused_tokens=0,
+                         request_canonical=blobs[0])]  # fmt: skip
+    for i, blob in enumerate(blobs[1:], 1):
+        chain.append(extend_record(chain[-1], i, request_canonical=blob))
+    store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=100))
+    sizes = []
+    for record in chain:
+        store.append(record)
+        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
+    assert store.delta_frames == 15
+    grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    shared = [record_frames.shared_prefix(a, b) for a, b in zip(blobs, blobs[1:], strict=False)]
+    # the blob grows every call (~18 KB by the last); the frame holds only what the parent's blob did not start with
+    for k, (grew, blob, common) in enumerate(zip(grown, blobs[1:], shared, strict=True)):
+        held = len(blob) - (common if common >= record_frames.MIN_SHARED_BYTES else 0)
+        assert held <= grew < held + 2_000, k
+    assert sum(grown[-5:]) < sum(len(b) for b in blobs[-5:]) / 2
+    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
+    store.close()
+    with RecordStore.open(crashed) as again:
+        assert again.recovery.recovered_rows == 16
     assert _stored(crashed) == _stored(tmp_path / "run") == sorted(chain, key=lambda r: r.call_id)
 
 

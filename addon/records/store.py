@@ -122,6 +122,7 @@ class _Cut:
     sessions: Counter[str] = field(default_factory=Counter)
     # call id -> its prompt and completion ids, for the delta frames of the calls that extend it (frames.PromptBase)
     tokens: dict[str, tuple[pa.Array, pa.Array]] = field(default_factory=dict)
+    requests: dict[str, bytes] = field(default_factory=dict)  # call id -> its request blob (the row's own bytes)
 
     @property
     def rows(self) -> int:
@@ -132,6 +133,7 @@ class _Cut:
         self.segments.extend(other.segments)
         self.sessions.update(other.sessions)
         self.tokens.update(other.tokens)
+        self.requests.update(other.requests)
 
 
 class RecordStore:
@@ -316,6 +318,7 @@ class RecordStore:
             self._buffer.parts.append(parts)
             self._buffer.sessions[record.session_id] += 1
             self._buffer.tokens[record.call_id] = (parts[1][0], parts[1][1])
+            self._buffer.requests[record.call_id] = record.request_canonical
             self._appended += 1
             self.delta_frames += base is not None
             full = self._buffer.rows >= self.config.shard_rows
@@ -337,14 +340,16 @@ class RecordStore:
             return None
         with self._lock:
             tokens = self._buffer.tokens.get(parent)
-        if tokens is None:
+            request = self._buffer.requests.get(parent)
+        if tokens is None or request is None:
             return None
         if not frames.extends(parts[1][0], n, tokens):
             log.debug(
                 "record %s: its first %d prompt ids are not %s's; its frame holds them all", record.call_id, n, parent
             )
             return None
-        return frames.PromptBase(parent, n)
+        shared = frames.shared_prefix(request, record.request_canonical)
+        return frames.PromptBase(parent, n, shared if shared >= frames.MIN_SHARED_BYTES else 0)
 
     def _current_segment(self) -> wal.SegmentWriter:
         if self._segment is None:

@@ -5,8 +5,9 @@ Contract
 A segment is a file ``wal-NNNNNNNN.log`` in one folder. It starts with a fixed header (magic ``HRLWAL``, format
 version, schema version) and holds frames ``<u32 length><u32 crc32(payload)><payload>`` (little-endian). The WAL
 does not know what a payload is; the record store puts one record in each (:mod:`addon.records.frames`); the header's
-format version says which payloads a segment holds (3: msgpack maps, some of them deltas of an earlier frame; 2:
-whole maps; 1: one Arrow IPC record batch each; all three still read).
+format version says which payloads a segment holds (4: msgpack maps, some of them deltas of an earlier frame's
+prompt ids and request blob; 3: deltas of prompt ids only; 2: whole maps; 1: one Arrow IPC record batch each; all
+four still read).
 
 * :class:`SegmentWriter` appends a frame and returns only after ``write`` + ``fsync`` (an acknowledged frame is on
   disk). When a write fails it truncates the file back to the last whole frame, closes it and raises
@@ -31,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"HRLWAL"
-FORMAT_VERSION = 3  # the store's payloads: 3, frames maps, some of them deltas; 2, whole maps; 1, Arrow IPC batches
-READABLE_FORMATS = (1, 2, 3)
+# the store's payloads: 4, as 3 with request blob deltas; 3, frames maps, some of them deltas of their prompt ids;
+# 2, whole maps; 1, Arrow IPC batches
+FORMAT_VERSION = 4
+READABLE_FORMATS = (1, 2, 3, 4)
 _HEADER = struct.Struct("<6sHI")  # magic, WAL format version, record schema version
 _FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 _SEGMENT_NAME = re.compile(r"^wal-(\d{8})\.log$")
