@@ -10,7 +10,8 @@ where the tree has ``token_ids.json_list_extending`` or ``JsonIds``, else the wh
 ``prelude``, built while the engine samples; 0 in older trees), ``graph_record``
 (adding the call's node), ``record_build`` (the rest of the row: ``build_record``, the whole row in older trees), and
 ``append`` (the WAL frame + fsync, addon/records/store.py: a msgpack frame, addon/records/frames.py, holding only the
-ids after its parent's where the tree has delta frames, or a one-row Arrow batch in older trees). ``wal_fsync`` is
+ids after its parent's where the tree has delta frames, and only the request blob's bytes after its parent's where
+it has request deltas, or a one-row Arrow batch in older trees). ``wal_fsync`` is
 the durable part of ``append`` alone: the same frame written and fsynced to a WAL segment in the same folder.
 ``total`` is the CPU time of all stages; ``after the engine`` is what lies between the engine's last token and the
 client's (graph + record build + append). What is not here — mitmproxy's TLS and HTTP relay, the loopback hop to
@@ -120,7 +121,7 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
             conv = s.Conversation(s.context_script(9, tokens, fmt, int(tokens * m.side_by_side.CHARS_PER_TOKEN), calls))
             state = m.splice.SessionState(f"stage-{fmt}-{tokens}")
             request_frames = m.blob_frames.RequestFrames() if m.blob_frames is not None else None
-            memo = None
+            memo, parent_blob = None, b""
             for i in range(calls):
                 body = conv.wire().body
                 t = [time.perf_counter()]
@@ -180,8 +181,13 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                 if m.frames is not None:  # the tree's own WAL frame, for the write + fsync probe below
                     base = None  # trees with delta frames write a call that extends its parent as one
                     if hasattr(m.frames, "PromptBase") and row.parent_call_id and row.prompt_reused_tokens:
-                        base = m.frames.PromptBase(row.parent_call_id, row.prompt_reused_tokens)
+                        shared = ()  # trees with request deltas: the blob's bytes after its parent's, as the store
+                        if hasattr(m.frames, "shared_prefix"):
+                            n = m.frames.shared_prefix(parent_blob, row.request_canonical)
+                            shared = (n if n >= m.frames.MIN_SHARED_BYTES else 0,)
+                        base = m.frames.PromptBase(row.parent_call_id, row.prompt_reused_tokens, *shared)
                     frame = m.frames.encode(m.records.row_parts(row), *([base] if base else []))
+                    parent_blob = row.request_canonical
                 else:
                     frame = m.records.to_batch([row]).serialize().to_pybytes()
                 t.append(time.perf_counter())
