@@ -73,7 +73,9 @@ def compare(python: str, paced_url: str, unpaced_url: str, args: argparse.Namesp
             ("harnessrl x1", Proxied((proxy,))),
             ("harnessrl base URL x1", BaseUrl((proxy,))),
         ):
-            rows = context_sweep(unpaced_url, target, args.contexts, args.context_calls, args.seed, ("chat",))
+            # four chat sessions per size: the four-format rows' number of calls (one session gave 5 steady calls,
+            # whose p50 moved by ~1 ms from run to run)
+            rows = context_sweep(unpaced_url, target, args.contexts, args.context_calls, args.seed, ("chat",), 4)
             out["contexts"] += [{"target": name} | asdict(r) for r in rows]
     finally:
         proxy.stop()

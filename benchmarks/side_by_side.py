@@ -87,11 +87,14 @@ def context_sweep(
     calls: int,
     seed: int,
     formats: Sequence[WireFormat] = FORMATS,
+    sessions: int = 1,
 ) -> list[ContextRow]:
-    """Sessions at each context size, one at a time: straight to ``engine_url``'s direct routes, then ``target``."""
+    """Sessions at each context size, one at a time: straight to ``engine_url``'s direct routes, then ``target``;
+    ``sessions`` of each format (a chat-only sweep takes 4, as many calls as the four formats' one each)."""
     rows = []
     for k, tokens in enumerate(contexts):
-        scripts = [context_script(seed, k, f, int(tokens * CHARS_PER_TOKEN), calls) for f in formats]
+        chars = int(tokens * CHARS_PER_TOKEN)
+        scripts = [context_script(seed, k + 1000 * r, f, chars, calls) for r in range(sessions) for f in formats]
         direct = asyncio.run(replay(Direct(engine_url), scripts, concurrency=1))
         proxied = asyncio.run(replay(target, scripts, concurrency=1))
         steady, first, d = _paired(direct, proxied)
