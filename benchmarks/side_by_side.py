@@ -98,8 +98,8 @@ def context_sweep(
         direct = asyncio.run(replay(Direct(engine_url), scripts, concurrency=1))
         proxied = asyncio.run(replay(target, scripts, concurrency=1))
         steady, first, d = _paired(direct, proxied)
-        sessions = {s.session_id for s in scripts}
-        lens = _prompt_lengths(target.proxies[0], sessions) if isinstance(target, Proxied | BaseUrl) else []
+        ids = {s.session_id for s in scripts}
+        lens = _prompt_lengths(target.proxies[0], ids) if isinstance(target, Proxied | BaseUrl) else []
         rows.append(
             ContextRow(
                 tokens,
