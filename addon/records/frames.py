@@ -91,27 +91,30 @@ class PromptBase:
 
 
 MIN_SHARED_BYTES: Final = 4096  # a shorter common start of two request blobs is not worth a delta
-_BLOCK = 16384  # shared_prefix compares this many bytes at a time, then bisects the first block that differs
+_BLOCK = 65536  # shared_prefix compares this many bytes at a time, then bisects the first block that differs
 
 
 def shared_prefix(a: bytes, b: bytes) -> int:
-    """How many bytes ``a`` and ``b`` have in common from the start (C compares of whole blocks: ~0.03 ms for two
-    200 KB blobs that share most of their bytes)."""
-    va, vb = memoryview(a), memoryview(b)
-    end = min(len(va), len(vb))
+    """How many bytes ``a`` and ``b`` have in common from the start. ``bytes.startswith`` at an offset is one memcmp
+    (~0.02 ms for two 200 KB blobs that share most of their bytes); a memoryview's ``==`` compared 16 KB in ~33 us,
+    element by element."""
+    end = min(len(a), len(b))
     lo = 0
-    while lo < end and va[lo : lo + _BLOCK] == vb[lo : lo + _BLOCK]:
-        lo += _BLOCK
-    if lo >= end:
+    while lo < end:
+        hi = min(lo + _BLOCK, end)
+        if not a.startswith(b[lo:hi], lo):
+            break
+        lo = hi
+    else:
         return end
-    hi = min(lo + _BLOCK, end)  # va[:lo] == vb[:lo]; they differ before hi
+    # a[:lo] == b[:lo], and they differ before hi: halve [lo, hi) until the first difference is at lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if va[lo:mid] == vb[lo:mid]:
+        if a.startswith(b[lo:mid], lo):
             lo = mid
         else:
             hi = mid
-    return lo if va[lo] != vb[lo] else hi
+    return lo
 
 
 def raw(arr: pa.Array) -> memoryview:
