@@ -96,9 +96,8 @@ class SegmentWriter:
     The file is kept zero-filled ``preallocate`` bytes past its last frame (written zeros, not ``fallocate``'s
     unwritten extents, whose first write is a metadata change). A frame that fits writes into that space and is made
     durable with ``fdatasync``: the file's size and blocks do not change, so no journal commit is needed (on this
-    project's VM disk, idle, 10 KB frames: p50 0.14 ms against 0.26 ms for an ``fsync``'d append; inside a proxy
-    the disk's own spread, 0.3-0.9 ms either way, hides it: ``benchmarks/results/round20.md``). A frame that does
-    not fit is written at the end with
+    project's VM disk, idle: 0.14 ms against 0.26 ms for ``fsync`` of an append; under a proxy's load p50 0.27-0.35
+    against 0.41-0.83 ms, ``benchmarks/results/round20.md``). A frame that does not fit is written at the end with
     the next zeros after it, then ``fsync``. The reader takes an all-zero rest as the segment's end.
     ``preallocate=0``: plain appends, each ``fsync``'d.
     """
