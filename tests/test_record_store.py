@@ -42,15 +42,6 @@ def _segments(folder: Path) -> list[Path]:
     return [p for _, p in wal.list_segments(folder / "wal")]
 
 
-def _data_end(segment: Path) -> int:
-    """Where a segment's last whole frame ends (the writer keeps zeros after it)."""
-    return 12 + sum(8 + len(f) for f in wal.read_segment(segment).frames)
-
-
-def _wal_bytes(folder: Path) -> int:
-    return sum(_data_end(p) for p in _segments(folder))
-
-
 def _manifest(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
@@ -199,7 +190,7 @@ def test_a_call_that_extends_a_buffered_call_writes_only_its_new_ids_and_is_reco
     sizes = []
     for record in chain:
         store.append(record)
-        sizes.append(_wal_bytes(tmp_path / "run"))
+        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
     assert store.delta_frames == 10
     # a root's frame holds its 20k prompt ids (80 KB); each later one its ~66 new ids, not its ~20k-id prompt
     grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
@@ -221,7 +212,7 @@ def test_a_tool_loops_frames_hold_only_the_request_bytes_its_parent_did_not_and_
     sizes = []
     for record in chain:
         store.append(record)
-        sizes.append(_wal_bytes(tmp_path / "run"))
+        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
     assert store.delta_frames == 15
     grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
     shared = [record_frames.shared_prefix(a, b) for a, b in zip(blobs, blobs[1:], strict=False)]
@@ -434,7 +425,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, backgroun
 def test_torn_last_frame_is_skipped(tmp_path: Path) -> None:
     acked = _run_and_kill(tmp_path, count=8, shard_rows=5)
     (segment,) = _segments(tmp_path)
-    os.truncate(segment, _data_end(segment) - 5)  # the last append was torn: it was never acknowledged
+    os.truncate(segment, segment.stat().st_size - 5)  # the last append was torn: it was never acknowledged
     with RecordStore.open(tmp_path) as store:
         assert store.recovery.torn_bytes > 0 and store.recovery.recovered_rows == 2
     assert sorted(_ids(tmp_path)) == sorted(_call_id(i) for i in acked[:-1])

@@ -9,16 +9,13 @@ format version says which payloads a segment holds (4: msgpack maps, some of the
 prompt ids and request blob; 3: deltas of prompt ids only; 2: whole maps; 1: one Arrow IPC record batch each; all
 four still read).
 
-* :class:`SegmentWriter` appends a frame and returns only after it is written and synced (``fdatasync`` into the
-  zero-filled space it keeps ahead of the last frame, ``fsync`` when the file grows): an acknowledged frame is on
-  disk. When a write fails it truncates the file back to the last whole frame, closes it and raises
+* :class:`SegmentWriter` appends a frame and returns only after ``write`` + ``fsync`` (an acknowledged frame is on
+  disk). When a write fails it truncates the file back to the last whole frame, closes it and raises
   :class:`WalWriteError`; the segment is then finished (the store opens a fresh one), so a partial frame can only
   ever sit at a segment's tail.
-* :func:`read_segment` returns every whole frame of a segment. Zeros from a frame boundary to the end of the file
-  are the space kept ahead (not counted). A bad frame with nothing but zeros after where it claims to end (or that
-  claims to end past the file) is a torn write (a crash mid-append): it is skipped and counted. A bad frame with
-  other bytes after it is real corruption and raises :class:`WalCorruptError`: guessing would risk silently losing
-  acknowledged records.
+* :func:`read_segment` returns every whole frame of a segment. A bad frame that reaches the end of the file is a torn
+  write (a crash mid-append): it is skipped and counted. A bad frame with more bytes after it is real corruption and
+  raises :class:`WalCorruptError`: guessing would risk silently losing acknowledged records.
 * :func:`list_segments`, :func:`segment_path` and :func:`fsync_dir` name and order segments and make renames and
   unlinks durable.
 
@@ -27,16 +24,12 @@ Layout: constants and errors, naming helpers, the writer, the reader.
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import re
 import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 MAGIC = b"HRLWAL"
 # the store's payloads: 4, as 3 with request blob deltas; 3, frames maps, some of them deltas of their prompt ids;
@@ -48,9 +41,6 @@ _FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 _SEGMENT_NAME = re.compile(r"^wal-(\d{8})\.log$")
 # A frame larger than this is rejected on write and treated as corruption on read (a record is ~100 KB-10 MB).
 MAX_FRAME_BYTES = 1 << 30
-# A segment is zero-filled this far ahead of its last frame (see SegmentWriter): an append inside it changes no
-# file metadata, so fdatasync makes it durable without a journal commit.
-PREALLOCATE_BYTES = 1 << 20
 
 
 class WalError(Exception):
@@ -91,24 +81,13 @@ def fsync_dir(folder: Path) -> None:
 
 
 class SegmentWriter:
-    """Appends frames to one new segment file. Not thread-safe: the record store serialises calls.
+    """Appends frames to one new segment file. Not thread-safe: the record store serialises calls."""
 
-    The file is kept zero-filled ``preallocate`` bytes past its last frame (written zeros, not ``fallocate``'s
-    unwritten extents, whose first write is a metadata change). A frame that fits writes into that space and is made
-    durable with ``fdatasync``: the file's size and blocks do not change, so no journal commit is needed (on this
-    project's VM disk, idle: 0.14 ms against 0.26 ms for ``fsync`` of an append; under a proxy's load p50 0.27-0.35
-    against 0.41-0.83 ms, ``benchmarks/results/round20.md``). A frame that does not fit is written at the end with
-    the next zeros after it, then ``fsync``. The reader takes an all-zero rest as the segment's end.
-    ``preallocate=0``: plain appends, each ``fsync``'d.
-    """
-
-    def __init__(self, path: Path, schema_version: int, preallocate: int = PREALLOCATE_BYTES) -> None:
+    def __init__(self, path: Path, schema_version: int) -> None:
         self.path = path
-        self.preallocate = preallocate
         # O_EXCL: a segment number is never reused, so an existing file means two writers or a bug.
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._size = 0  # the end of the last whole frame: where the next one goes
-        self._allocated = 0  # the file's length: zeros from _size on
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._size = 0
         self.frames = 0
         try:
             self._write_durably(_HEADER.pack(MAGIC, FORMAT_VERSION, schema_version))
@@ -142,35 +121,12 @@ class SegmentWriter:
 
     def _write_durably(self, data: bytes) -> None:
         assert self._fd is not None
-        end = self._size + len(data)
-        if end <= self._allocated:  # into the zeros written before: data only
-            _write_at(self._fd, data, self._size)
-            os.fdatasync(self._fd)
-        else:  # the file grows: the frame, the next zeros after it, then the data and the new length together
-            _write_at(self._fd, data, self._size)
-            ahead = self._zero_fill(end)
-            os.fsync(self._fd)
-            self._allocated = end + ahead
-        self._size = end
-
-    def _zero_fill(self, end: int) -> int:
-        """Zeros after ``end`` (the frame just written); how many. A disk too full for them (or a file-size limit)
-        costs only the speed-up: the zeros are cut off again, this segment grows frame by frame from then on (each
-        append ``fsync``'d, as with ``preallocate=0``), and the frame itself is kept."""
-        assert self._fd is not None
-        if not self.preallocate:
-            return 0
-        try:
-            _write_at(self._fd, bytes(self.preallocate), end)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                raise
-            os.ftruncate(self._fd, end)
-            log.warning("WAL segment %s: no room to keep %d bytes zero-filled ahead (%s); appending without",
-                        self.path, self.preallocate, e)  # fmt: skip
-            self.preallocate = 0
-            return 0
-        return self.preallocate
+        view = memoryview(data)
+        while view:  # os.write may write less than asked (signals, large buffers)
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+        self._size += len(data)
 
     def _abandon(self) -> None:
         """After a failed write: cut the file back to its last whole frame (best effort) and close it."""
@@ -213,29 +169,14 @@ def read_segment(path: Path) -> SegmentContents:
             frames.append(data[start : start + length])
             offset = start + length
             continue
-        if _zeros(data, offset):  # the zero-filled space after the last frame (or a grown file's unwritten end)
-            return SegmentContents(schema_version, frames, torn_bytes=0, format_version=fmt)
         declared_end = _declared_end(data, offset)
-        if declared_end >= len(data) or _zeros(data, declared_end):  # the last write, cut short by a crash
-            torn = min(declared_end, len(data)) - offset
-            return SegmentContents(schema_version, frames, torn_bytes=torn, format_version=fmt)
+        if declared_end >= len(data) or not data[offset:].strip(b"\0"):
+            return SegmentContents(schema_version, frames, torn_bytes=len(data) - offset, format_version=fmt)
         raise WalCorruptError(
             f"{path}: {problem} at byte {offset} with {len(data) - declared_end} bytes after it; "
             "this is corruption, not a torn write. Move the segment aside to open the store without it."
         )
     return SegmentContents(schema_version, frames, torn_bytes=0, format_version=fmt)
-
-
-def _zeros(data: bytes, offset: int) -> bool:
-    """Whether ``data`` holds only zero bytes from ``offset`` on."""
-    return data.count(0, offset) == len(data) - offset
-
-
-def _write_at(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:  # os.pwrite may write less than asked (signals, large buffers)
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
 
 
 def _frame_problem(data: bytes, offset: int) -> str | None:
