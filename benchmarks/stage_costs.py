@@ -182,9 +182,8 @@ def measure(m: SimpleNamespace, renderer: Any, splicer: Any, store: Any, tokens:
                     base = None  # trees with delta frames write a call that extends its parent as one
                     if hasattr(m.frames, "PromptBase") and row.parent_call_id and row.prompt_reused_tokens:
                         shared = ()  # trees with request deltas: the blob's bytes after its parent's, as the store
-                        if hasattr(m.frames, "shared_prefix"):
-                            n = m.frames.shared_prefix(parent_blob, row.request_canonical)
-                            shared = (n if n >= m.frames.MIN_SHARED_BYTES else 0,)
+                        if hasattr(m.frames, "request_base"):
+                            shared = (m.frames.request_base(parent_blob, row.request_canonical),)
                         base = m.frames.PromptBase(row.parent_call_id, row.prompt_reused_tokens, *shared)
                     frame = m.frames.encode(m.records.row_parts(row), *([base] if base else []))
                     parent_blob = row.request_canonical

@@ -30,7 +30,7 @@ Request deltas (WAL format 4). The ``request_canonical`` blob of a tool loop's c
 the zstd frames of the history's sealed segments (:mod:`addon.records.blob_frames`). Written whole, it was the
 largest O(context) part of a frame (~200 KB at 128k tokens, against ~15 KB at 8k). A delta frame whose
 ``PromptBase.request_bytes`` is set holds only the blob's bytes after that many of the parent's
-(:func:`shared_prefix`, used from :data:`MIN_SHARED_BYTES`); the reader puts the parent's bytes back in front.
+(:func:`request_base`); the reader puts the parent's bytes back in front.
 """
 
 from __future__ import annotations
@@ -115,6 +115,13 @@ def shared_prefix(a: bytes, b: bytes) -> int:
         else:
             hi = mid
     return lo
+
+
+def request_base(parent: bytes, blob: bytes) -> int:
+    """How many bytes of ``blob`` a delta frame takes from its parent's request blob ``parent``: their common start
+    when it is at least :data:`MIN_SHARED_BYTES`, else 0 (the frame holds the whole blob)."""
+    shared = shared_prefix(parent, blob)
+    return shared if shared >= MIN_SHARED_BYTES else 0
 
 
 def raw(arr: pa.Array) -> memoryview:
@@ -250,6 +257,7 @@ __all__ = [
     "encode",
     "extends",
     "raw",
+    "request_base",
     "run_id",
     "shared_prefix",
 ]

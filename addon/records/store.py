@@ -348,8 +348,7 @@ class RecordStore:
                 "record %s: its first %d prompt ids are not %s's; its frame holds them all", record.call_id, n, parent
             )
             return None
-        shared = frames.shared_prefix(request, record.request_canonical)
-        return frames.PromptBase(parent, n, shared if shared >= frames.MIN_SHARED_BYTES else 0)
+        return frames.PromptBase(parent, n, frames.request_base(request, record.request_canonical))
 
     def _current_segment(self) -> wal.SegmentWriter:
         if self._segment is None:
