@@ -184,22 +184,32 @@ def _crash_copy(folder: Path, to: Path) -> Path:
     return to
 
 
-def test_a_call_that_extends_a_buffered_call_writes_only_its_new_ids_and_is_recovered_whole(tmp_path: Path) -> None:
-    chain = list(session_chains(12, sessions=2, prompt_len=20_000))
-    store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=100))
+def _wal_growth(store: RecordStore, folder: Path, chain: list[CallRecord]) -> list[int]:
+    """Append ``chain``; how many bytes the WAL grew by with each append after the first."""
     sizes = []
     for record in chain:
         store.append(record)
-        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
-    assert store.delta_frames == 10
-    # a root's frame holds its 20k prompt ids (80 KB); each later one its ~66 new ids, not its ~20k-id prompt
-    grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
-    assert min(grown[:1]) > 80_000 and max(grown[1:]) < 4_000
+        sizes.append(sum(p.stat().st_size for p in _segments(folder)))
+    return [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+
+
+def _crash_recovers_all(tmp_path: Path, store: RecordStore, chain: list[CallRecord]) -> None:
+    """A crash copy of the open store's folder recovers every row of ``chain``, equal to what the store writes."""
     crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
     store.close()
     with RecordStore.open(crashed) as again:
-        assert again.recovery.recovered_rows == 12
+        assert again.recovery.recovered_rows == len(chain)
     assert _stored(crashed) == _stored(tmp_path / "run") == sorted(chain, key=lambda r: r.call_id)
+
+
+def test_a_call_that_extends_a_buffered_call_writes_only_its_new_ids_and_is_recovered_whole(tmp_path: Path) -> None:
+    chain = list(session_chains(12, sessions=2, prompt_len=20_000))
+    store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=100))
+    grown = _wal_growth(store, tmp_path / "run", chain)
+    assert store.delta_frames == 10
+    # a root's frame holds its 20k prompt ids (80 KB); each later one its ~66 new ids, not its ~20k-id prompt
+    assert min(grown[:1]) > 80_000 and max(grown[1:]) < 4_000
+    _crash_recovers_all(tmp_path, store, chain)
 
 
 def test_a_tool_loops_frames_hold_only_the_request_bytes_its_parent_did_not_and_recover_whole(tmp_path: Path) -> None:
@@ -209,23 +219,15 @@ def test_a_tool_loops_frames_hold_only_the_request_bytes_its_parent_did_not_and_
     for i, blob in enumerate(blobs[1:], 1):
         chain.append(extend_record(chain[-1], i, request_canonical=blob))
     store = RecordStore.open(tmp_path / "run", "run-1", StoreConfig(shard_rows=100))
-    sizes = []
-    for record in chain:
-        store.append(record)
-        sizes.append(sum(p.stat().st_size for p in _segments(tmp_path / "run")))
+    grown = _wal_growth(store, tmp_path / "run", chain)
     assert store.delta_frames == 15
-    grown = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
-    shared = [record_frames.shared_prefix(a, b) for a, b in zip(blobs, blobs[1:], strict=False)]
+    taken = [record_frames.request_base(a, b) for a, b in zip(blobs, blobs[1:], strict=False)]
     # the blob grows every call (~18 KB by the last); the frame holds only what the parent's blob did not start with
-    for k, (grew, blob, common) in enumerate(zip(grown, blobs[1:], shared, strict=True)):
-        held = len(blob) - (common if common >= record_frames.MIN_SHARED_BYTES else 0)
+    for k, (grew, blob, common) in enumerate(zip(grown, blobs[1:], taken, strict=True)):
+        held = len(blob) - common
         assert held <= grew < held + 2_000, k
     assert sum(grown[-5:]) < sum(len(b) for b in blobs[-5:]) / 2
-    crashed = _crash_copy(tmp_path / "run", tmp_path / "crashed")
-    store.close()
-    with RecordStore.open(crashed) as again:
-        assert again.recovery.recovered_rows == 16
-    assert _stored(crashed) == _stored(tmp_path / "run") == sorted(chain, key=lambda r: r.call_id)
+    _crash_recovers_all(tmp_path, store, chain)
 
 
 def test_a_call_whose_parent_is_already_in_a_shard_gets_a_whole_frame(tmp_path: Path) -> None:
