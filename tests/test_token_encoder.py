@@ -33,7 +33,7 @@ def own_ids(tok: Any, text: str) -> list[int]:
 
 def test_the_default_model_takes_the_fast_path(tokenizer: Any) -> None:
     enc = token_encoder(tokenizer)
-    assert enc.path == "backend-fast"
+    assert enc.path == "tiktoken"  # SmolLM2 is a byte-level BPE tiktoken computes (tests/test_bpe_tiktoken.py)
     for text in PROBE_TEXTS:
         assert enc.encode(text) == own_ids(tokenizer, text)
 
@@ -48,15 +48,29 @@ pieces = st.one_of(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(pieces, max_size=30).map("".join))
 def test_fast_ids_equal_the_tokenizers_own_on_any_text(tokenizer: Any, fast: Any, text: str) -> None:
-    assert fast.path == "backend-fast"
+    assert fast.path == "tiktoken"
     assert fast.encode(text) == own_ids(tokenizer, text)
 
 
 def test_the_renderer_encodes_through_it(smollm2_tokenizer_dir: Path) -> None:
     renderer = PromptRenderer(AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir)))
-    assert renderer.token_encoder.path == "backend-fast"
+    assert renderer.token_encoder.path == "tiktoken"
     text = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     assert list(renderer.encode(text)) == own_ids(renderer.tokenizer, text)
+
+
+def test_a_tokenizer_tiktoken_cannot_compute_takes_the_backend_with_the_reason_logged(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import addon.generation.token_encoder as module
+
+    monkeypatch.setattr(module, "tiktoken_bpe", lambda *_: "its model is 'WordPiece', not BPE")
+    with caplog.at_level(logging.INFO, logger="addon.generation.token_encoder"):
+        enc = token_encoder(tokenizer)
+    assert enc.path == "backend-fast" and "not tiktoken: its model is 'WordPiece'" in caplog.text
+    for text in PROBE_TEXTS:
+        assert enc.encode(text) == own_ids(tokenizer, text)
+    assert enc.encode_batch is not None and enc.encode_batch(list(PROBE_TEXTS)) == [enc.encode(t) for t in PROBE_TEXTS]
 
 
 def test_a_backend_that_truncates_is_left_to_encode(

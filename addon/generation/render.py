@@ -401,7 +401,7 @@ class PromptRenderer:
         # A dict of named templates resolves to its "tool_use" one if present; one template serves all requests.
         self.template: str = tokenizer.get_chat_template(chat_template, tools=[_probe_tool()])
         self.capabilities = detect_capabilities(self.template, self._apply)
-        self.token_encoder = token_encoder(tokenizer)  # the Rust backend's offset-free call where it is exact
+        self.token_encoder = token_encoder(tokenizer)  # tiktoken or the Rust backend, where either gives its ids
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, spec: ParserSpec | None = None) -> PromptRenderer:
