@@ -24,7 +24,9 @@ may name several engines (comma-separated replicas of one model), each session s
 the caller's wire format.
 
 Start-up: mitmproxy listens before ``running`` ends, so a call can arrive while the runtime starts; it waits for it
-at most ``harnessrl_startup_wait_s``, then gets a vendor-shaped 503 with ``retry-after``. A start-up that fails
+at most ``harnessrl_startup_wait_s``, then gets a vendor-shaped 503 with ``retry-after``. A tunnel that opens once the
+runtime's servers listen, while the tokenizer still loads, is already relayed (its calls wait for the load in the
+runtime): a tunnel's layer is chosen when it opens and a harness keeps it for the whole session. A start-up that fails
 (record folder locked by another proxy, tokenizer missing...) logs one ``harnessrl: cannot start: <reason>`` error and
 shuts the proxy down; mitmproxy's ``errorcheck`` addon turns an error logged during start-up into exit status 1. Calls
 that waited, and any arriving while the process shuts down, get the 503 at once, never a hang.
@@ -148,8 +150,11 @@ class Capture:
             if self.config.shared_port:
                 await self._listen_shared(self.config.shared_port)
             options = {name: getattr(ctx.options, name) for name, *_ in OPTIONS}  # what worker processes rebuild
-            self.runtime = await Runtime.start(self.config, options)
+            # set once the servers listen: tunnels opened while the tokenizer loads are relayed too (a tunnel's layer
+            # is chosen when it opens, and a harness keeps its tunnel for the whole session)
+            self.runtime = await Runtime.start(self.config, options, on_listening=self._listening)
         except Exception as e:
+            self.runtime = None  # Runtime.start stopped what it had opened
             await self._fail_start(e)
             return
         self._settled.set()
@@ -159,6 +164,9 @@ class Capture:
             self.runtime.port,
             self.runtime.engine.describe(),
         )
+
+    def _listening(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     async def _listen_shared(self, port: int) -> None:
         """The port shared with the other processes of this proxy (SO_REUSEPORT; addon/serving/shared_port.py): its
@@ -224,7 +232,8 @@ class Capture:
                 pass
             finally:
                 self._waiting -= 1
-        return self.runtime is not None and self._unavailable is None
+        # the runtime is set before it has bound (the relay's tunnels); flows still wait for the whole start-up
+        return self._settled.is_set() and self.runtime is not None and self._unavailable is None
 
     def _unavailable_answer(self, flow: http.HTTPFlow) -> http.Response:
         """A 503 with retry-after in the caller's wire format: the proxy is starting, failed to start, or stops."""

@@ -465,7 +465,7 @@ async def test_a_call_with_two_user_agent_lines_reaches_aiohttp_as_one(monkeypat
         status, body = await send_raw(port, assemble_request(as_sent))  # what went wrong before the fold
         assert status == 400 and b"Duplicate 'User-Agent' header" in body
 
-        async def start(config: object, options: object = None) -> StubRuntime:
+        async def start(config: object, options: object = None, **_: object) -> StubRuntime:
             return StubRuntime(port)
 
         async with addon_with(monkeypatch, start) as (addon, _):
@@ -496,7 +496,7 @@ class HandOffs:
 async def test_a_call_for_this_process_leaves_its_body_in_memory_and_a_failed_hop_drops_it(monkeypatch) -> None:
     server = HandOffs(port=4242)
 
-    async def start(config: object, options: object = None) -> StubRuntime:
+    async def start(config: object, options: object = None, **_: object) -> StubRuntime:
         return StubRuntime(4242, server)
 
     flow = anthropic_flow()
@@ -525,7 +525,7 @@ async def test_a_call_for_this_process_leaves_its_body_in_memory_and_a_failed_ho
 
 
 async def test_disagreeing_content_lengths_get_a_vendor_400_and_are_not_forwarded(monkeypatch) -> None:
-    async def start(config: object, options: object = None) -> StubRuntime:
+    async def start(config: object, options: object = None, **_: object) -> StubRuntime:
         return StubRuntime()
 
     flow = anthropic_flow((b"Content-Length", b"3"))
@@ -552,7 +552,7 @@ def assert_503(flow: mhttp.HTTPFlow, shape: str, reason: str) -> None:
 async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
     release = asyncio.Event()
 
-    async def start(config: object, options: object = None) -> StubRuntime:
+    async def start(config: object, options: object = None, **_: object) -> StubRuntime:
         await release.wait()
         return StubRuntime()
 
@@ -567,8 +567,40 @@ async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
     assert flow.response is None and flow.request.host == "127.0.0.1"
 
 
+async def test_the_runtime_is_there_for_the_relay_while_it_binds_and_calls_still_wait_for_the_bind(monkeypatch) -> None:
+    release, stub = asyncio.Event(), StubRuntime()
+
+    async def start(config: object, options: object = None, on_listening=None) -> StubRuntime:
+        on_listening(stub)  # the servers listen; the tokenizer loads (the tunnels opening now are relayed)
+        await release.wait()
+        return stub
+
+    async with addon_with(monkeypatch, start, harnessrl_startup_wait_s=1) as (addon, _):
+        running = asyncio.ensure_future(addon.running())
+        await asyncio.sleep(0.05)
+        assert addon.runtime is stub  # next_layer relays a tunnel from here on
+        flow = anthropic_flow()
+        await asyncio.wait_for(addon.request(flow), 5)  # a flow still waits for the whole start-up
+        assert_503(flow, "anthropic", "still starting after 1 s")
+        release.set()
+        await asyncio.wait_for(running, 5)
+        later = anthropic_flow()
+        await addon.request(later)
+    assert later.response is None and later.request.host == "127.0.0.1"
+
+
+async def test_a_bind_that_fails_after_the_servers_listened_leaves_no_runtime(monkeypatch) -> None:
+    async def start(config: object, options: object = None, on_listening=None) -> StubRuntime:
+        on_listening(StubRuntime())
+        raise OSError("no tokenizer.json in /models/x")  # Runtime.start stops what it opened, then raises
+
+    async with addon_with(monkeypatch, start) as (addon, _):
+        await addon.running()
+        assert addon.runtime is None  # done() has nothing to stop twice; next_layer relays nothing
+
+
 async def test_a_call_waits_for_a_slow_start_up_at_most_startup_wait_s(monkeypatch) -> None:
-    async def start(config: object, options: object = None) -> StubRuntime:
+    async def start(config: object, options: object = None, **_: object) -> StubRuntime:
         await asyncio.Event().wait()  # a start-up that never ends
         raise AssertionError("unreachable")
 
@@ -586,7 +618,7 @@ async def test_a_failed_start_up_answers_503_at_once_and_shuts_the_proxy_down(mo
     """Regression (issue 15): a start-up that raised left every intercepted call waiting forever."""
     fail = asyncio.Event()
 
-    async def start(config: object, options: object = None) -> StubRuntime:
+    async def start(config: object, options: object = None, **_: object) -> StubRuntime:
         await fail.wait()
         raise RecordStoreError("runs/records is already open by another record store")
 

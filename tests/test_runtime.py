@@ -37,3 +37,36 @@ async def test_a_start_up_that_fails_after_the_server_started_releases_the_store
     finally:
         await runtime.stop()
         await server.close()
+
+
+async def test_on_listening_sees_the_relay_and_the_admin_listening_before_the_tokenizer_loads(
+    smollm2_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """The capture addon relays tunnels from ``on_listening`` on: those that open while the tokenizer loads too."""
+    import asyncio
+
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def listening(runtime: Runtime) -> None:
+        async def reachable(port: int) -> bool:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return True
+
+        assert runtime.relay is not None
+        seen.append((runtime.generator is None, runtime.relay.port > 0, runtime.server.port > 0))
+        pending.append(asyncio.ensure_future(reachable(runtime.relay.port)))
+
+    pending: list[asyncio.Future[bool]] = []
+    _, server = await start_fake_engine(smollm2_tokenizer_dir, tokens=4)
+    assert server.port is not None
+    runtime = await Runtime.start(
+        runtime_options(server.port, smollm2_tokenizer_dir, tmp_path / "records", harnessrl_relay=True),
+        on_listening=listening,
+    )
+    try:
+        assert seen == [(True, True, True)]  # not bound yet, both servers listening
+        assert await pending[0] and runtime.generator is not None
+    finally:
+        await runtime.stop()
+        await server.close()

@@ -75,9 +75,16 @@ class Runtime:
         return self.server.port if self.server else 0
 
     @classmethod
-    async def start(cls, config: CaptureConfig, options: Mapping[str, Any] | None = None) -> Runtime:
+    async def start(
+        cls,
+        config: CaptureConfig,
+        options: Mapping[str, Any] | None = None,
+        on_listening: Callable[[Runtime], None] | None = None,
+    ) -> Runtime:
         """Open the store, start the internal server and, with ``config.workers > 1``, the worker processes, which
-        get ``options`` (the proxy's ``harnessrl_*`` option values) to build the same configuration."""
+        get ``options`` (the proxy's ``harnessrl_*`` option values) to build the same configuration; then bind.
+        ``on_listening(runtime)`` runs once the servers listen, before the bind (the tokenizer's load): the capture
+        addon relays the tunnels that open meanwhile, whose calls wait for the bind in :meth:`bind`."""
         for line in tuning.apply_allocator(config.tuning):  # before the first worker thread allocates
             log.info("harnessrl: %s", line)
         store = await asyncio.to_thread(
@@ -112,6 +119,8 @@ class Runtime:
                 await runtime.relay.start()
             if runtime.workers is not None:
                 await runtime.workers.start()
+            if on_listening is not None:
+                on_listening(runtime)
             try:
                 await runtime.bind()
             except EngineError as e:
