@@ -243,7 +243,8 @@ class _Sink:
     async def write(self, data: bytes) -> None:
         self.body += data
 
-    async def end(self) -> None:
+    async def end(self, data: bytes = b"") -> None:
+        self.body += data
         self.ended = True
 
 
@@ -358,6 +359,11 @@ class _OrderSink(_Sink):
             self.writes.append((data, self.store.buffered_rows))
         await super().write(data)
 
+    async def end(self, data: bytes = b"") -> None:
+        if data:
+            self.writes.append((data, self.store.buffered_rows))
+        await super().end(data)
+
 
 def _delta_text(sse: bytes) -> str:
     events = [json.loads(line[6:]) for line in sse.splitlines() if line.startswith(b"data: ")]
@@ -375,7 +381,7 @@ async def test_the_read_that_ends_the_answer_goes_out_with_the_final_events_afte
         body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         await _answer(smollm2_tokenizer_dir, _split_engine(smollm2_tokenizer_dir, reads), store, body, sink)
         assert sink.status == 200 and sink.ended
-        # one write per engine read before the last, each before the record; the last read and the end in one
+        # one write per engine read before the last, each before the record; the last read with the end, after it
         assert [rows for _, rows in sink.writes] == [0] * (len(reads) - 1) + [1]
         assert [len(_delta_text(data)) for data, _ in sink.writes] == reads
         assert sink.writes[0][0].startswith(b"event: message_start")

@@ -74,11 +74,13 @@ log = logging.getLogger("harnessrl.generate")
 
 
 class ResponseSink(Protocol):
-    """Where an answer goes (the internal HTTP server adapts its response object to this)."""
+    """Where an answer goes (the internal HTTP server adapts its response object to this). ``end(data)`` sends the
+    answer's last bytes with its end in one write: through mitmproxy each write is a read, a TLS record and an
+    event of its own, on the path to the client's last byte."""
 
     async def start(self, status: int, headers: Mapping[str, str]) -> None: ...
     async def write(self, data: bytes) -> None: ...
-    async def end(self) -> None: ...
+    async def end(self, data: bytes = b"") -> None: ...
 
 
 class Generator:
@@ -263,8 +265,7 @@ class Generator:
             await self._record(turn, acc.completion)
             if not started:
                 raise _engine_error(err) from err
-            await sink.write(b"".join(held) + (encoder.error(_engine_error(err)) if encoder else b""))
-            await sink.end()
+            await sink.end(b"".join(held) + (encoder.error(_engine_error(err)) if encoder else b""))
             return
         turn.engine_done = time.perf_counter()
         turn.malformed = parser.malformed_tool_calls
@@ -279,19 +280,17 @@ class Generator:
         finish = final[0].reason if final else completion.finish_reason
         if not await self._record(turn, completion, graph=(state, finish)):
             if encoder is not None and started:
-                await sink.write(b"".join(held) + encoder.error(_store_failed()))
-                await sink.end()
+                await sink.end(b"".join(held) + encoder.error(_store_failed()))
                 return
             raise _store_failed()
         if encoder is None:
             body = dumps_body(dialect.render_completion(completion))
             await sink.start(200, {"content-type": "application/json"})
-            await sink.write(body)
+            await sink.end(body)
         else:
             if not started:
                 await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-            await sink.write(b"".join(held + [encoder.feed(event) for event in final]))
-        await sink.end()
+            await sink.end(b"".join(held + [encoder.feed(event) for event in final]))
         self.stats.call_done(time.perf_counter() - turn.engine_done, len(turn.completion_ids))
 
     async def _budget_stop(self, turn: Turn, dialect: Dialect, reason: str, sink: ResponseSink) -> None:
@@ -309,13 +308,11 @@ class Generator:
         self.stats.error("budget_stop")
         if not req.stream:
             await sink.start(200, {"content-type": "application/json"})
-            await sink.write(dumps_body(dialect.render_completion(completion)))
+            await sink.end(dumps_body(dialect.render_completion(completion)))
         else:
             encoder = dialect.stream_encoder(turn.info.route, req)
             await sink.start(200, {"content-type": encoder.content_type, "cache-control": "no-cache"})
-            for event in completion_events(completion):
-                await sink.write(encoder.feed(event))
-        await sink.end()
+            await sink.end(b"".join(encoder.feed(event) for event in completion_events(completion)))
 
     async def _record(
         self,
@@ -429,8 +426,7 @@ def _engine_error(err: EngineError) -> ConversionError:
 async def _send_error(sink: ResponseSink, dialect: Dialect, err: ConversionError) -> None:
     response = dialect.render_error(err)
     await sink.start(response.status, dict(response.headers))
-    await sink.write(response.body)
-    await sink.end()
+    await sink.end(response.body)
 
 
 def dumps_body(obj: Mapping[str, Any]) -> bytes:

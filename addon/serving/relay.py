@@ -221,26 +221,33 @@ class RelayServer:
 
 
 class _Sink:
-    """The Generator's ResponseSink over an h11 connection: the head, then one chunk per write."""
+    """The Generator's ResponseSink over an h11 connection: one write per call of ``write`` or ``end``, the head
+    going out with the first. Each write is a read, a TLS record and an event of mitmproxy's on the client's side,
+    so the head (the Generator starts an answer just before its first bytes) and the last chunk with the body's end
+    are not writes of their own."""
 
     def __init__(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
         self._conn = conn
         self._writer = writer
+        self._head = b""
         self.started = False
         self.ended = False
 
     async def start(self, status: int, headers: Mapping[str, str]) -> None:
         fields = [(k, v) for k, v in headers.items() if k.lower() not in _NO_BODY]
-        self._writer.write(self._conn.send(h11.Response(status_code=status, headers=fields)))
+        self._head = self._conn.send(h11.Response(status_code=status, headers=fields)) or b""
         self.started = True
 
     async def write(self, data: bytes) -> None:
         if data:
-            self._writer.write(self._conn.send(h11.Data(data=data)))
+            self._writer.write(self._head + (self._conn.send(h11.Data(data=data)) or b""))
+            self._head = b""
             await self._writer.drain()
 
-    async def end(self) -> None:
-        self._writer.write(self._conn.send(h11.EndOfMessage()))
+    async def end(self, data: bytes = b"") -> None:
+        body = self._conn.send(h11.Data(data=data)) or b"" if data else b""
+        self._writer.write(self._head + body + (self._conn.send(h11.EndOfMessage()) or b""))
+        self._head = b""
         self.ended = True
         await self._writer.drain()
 

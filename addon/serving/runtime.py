@@ -328,8 +328,7 @@ class _LazyGenerator:
                 )
                 self._runtime.stats.error("engine")
                 await sink.start(wire.status, dict(wire.headers))
-                await sink.write(wire.body)
-                await sink.end()
+                await sink.end(wire.body)
                 return
             await generator.handle(info, body, sink)
             return

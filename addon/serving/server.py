@@ -162,9 +162,9 @@ class _Sink:
             assert self.response is not None, "write before start"
             await self.response.write(data)
 
-    async def end(self) -> None:
+    async def end(self, data: bytes = b"") -> None:
         assert self.response is not None, "end before start"
-        await self.response.write_eof()
+        await self.response.write_eof(data)  # the last chunk and the chunked body's end in one write
 
 
 class CallHandler(Protocol):
