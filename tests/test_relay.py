@@ -293,3 +293,52 @@ def test_a_client_offering_http2_is_relayed_over_http1(two_proxies) -> None:
     assert r.status_code == 200 and r.http_version == "HTTP/1.1"
     assert r.json()["usage"]["completion_tokens"] == 8
     assert (relay_requests(on) or 0) == before + 1
+
+
+class Writes:
+    """A named fake of the relay connection's StreamWriter: the bytes of each ``write`` call, one entry each (what
+    mitmproxy would read, encrypt and forward as one TLS record)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def drain(self) -> None:
+        pass
+
+
+async def test_the_answers_head_goes_with_its_first_bytes_and_its_last_bytes_with_its_end() -> None:
+    from addon.serving.relay import _Sink
+
+    def sink() -> tuple[_Sink, Writes, h11.Connection]:
+        conn, client, out = h11.Connection(h11.SERVER), h11.Connection(h11.CLIENT), Writes()
+        conn.receive_data(client.send(h11.Request(method="POST", target="/v1/messages", headers=[("host", "x")])))
+        conn.receive_data(client.send(h11.EndOfMessage()))
+        while not isinstance(conn.next_event(), h11.EndOfMessage):  # the request read, as the relay has it
+            pass
+        return _Sink(conn, out), out, client  # type: ignore[arg-type]
+
+    streamed, out, client = sink()
+    await streamed.start(200, {"content-type": "text/event-stream"})
+    assert out.writes == [] and streamed.started  # the head waits for the first bytes
+    await streamed.write(b"event: one\n\n")
+    await streamed.write(b"")  # nothing to send: no write
+    await streamed.write(b"event: two\n\n")
+    await streamed.end(b"event: last\n\n")
+    assert len(out.writes) == 3 and out.writes[0].startswith(b"HTTP/1.1 200")
+    assert out.writes[2].endswith(b"event: last\n\n\r\n0\r\n\r\n") and streamed.ended
+    client.receive_data(b"".join(out.writes))
+    events = []
+    while (event := client.next_event()) is not h11.NEED_DATA:
+        events.append(event)
+        if isinstance(event, h11.EndOfMessage):
+            break
+    body = b"".join(e.data for e in events if isinstance(e, h11.Data))
+    assert body == b"event: one\n\nevent: two\n\nevent: last\n\n" and isinstance(events[-1], h11.EndOfMessage)
+
+    whole, out, _ = sink()  # an answer in one piece (a JSON body, an error): head, body and end in one write
+    await whole.start(400, {"content-type": "application/json"})
+    await whole.end(b'{"error": {}}')
+    assert len(out.writes) == 1 and out.writes[0].startswith(b"HTTP/1.1 400") and out.writes[0].endswith(b"0\r\n\r\n")
