@@ -179,3 +179,22 @@ def test_a_training_consistent_toy_tokenizer_is_taken() -> None:
 def test_without_tiktoken_installed_the_reason_says_so(backend: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # what `import tiktoken` meets where it is not installed
     assert build(backend) == "tiktoken is not installed"
+
+
+def test_characters_whose_lead_byte_has_no_token_are_exactly_those_sent_to_the_tokenizer(spec: dict[str, Any]) -> None:
+    gone = {CHAR_OF_BYTE[b] for b in (0xC3, 0xE0, 0xF4)}  # a vocabulary without these lead bytes' tokens
+
+    def drop(s: dict[str, Any]) -> None:
+        s["model"]["vocab"] = {t: i for t, i in s["model"]["vocab"].items() if not gone & set(t)}
+        s["model"]["merges"] = [m for m in s["model"]["merges"] if not gone & set("".join(m))]
+
+    edited_spec = edited(spec, drop)
+    backend = Tokenizer.from_str(json.dumps(edited_spec))
+    bpe = build(backend, edited_spec)
+    assert isinstance(bpe, TiktokenBPE), bpe
+    sent = ("é", "Ã", "\u0800", "\u0fff", "\U00100000", "\U0010ffff")  # UTF-8 led by 0xC3, 0xE0, 0xF4
+    kept = ("\u00bf", "\u0100", "\u07ff", "\u1000", "東", "\U00010000", "\U000fffff", "🚀")
+    assert all(bpe.fallback_chars.search(c) for c in sent)
+    assert not any(bpe.fallback_chars.search(c) for c in kept)
+    for text in (f"a{c}b" for c in sent + kept):
+        assert bpe.encode(text) == ids(backend, text)

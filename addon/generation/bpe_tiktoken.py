@@ -50,10 +50,13 @@ BYTE_OF_CHAR = {chr(b): b for b in _PRINTABLE} | {chr(256 + i): b for i, b in en
 _TO_LATIN1 = str.maketrans(
     {c: chr(b) for c, b in BYTE_OF_CHAR.items() if ord(c) != b} | {chr(b): "\ud800" for b in _UNPRINTABLE}
 )
-# the code points whose UTF-8 begins with a lead byte: 0xC2-0xDF two bytes, 0xE0-0xEF three, 0xF0-0xF4 four
+# the code points whose UTF-8 begins with a lead byte: 0xC2-0xDF two bytes, 0xE0-0xEF three (from U+0800), 0xF0-0xF4
+# four (from U+10000)
 _LEAD_RANGES = {b: ((b - 0xC0) << 6, ((b - 0xC0) << 6) + 0x3F) for b in range(0xC2, 0xE0)}
-_LEAD_RANGES |= {b: ((b - 0xE0) << 12, ((b - 0xE0) << 12) + 0xFFF) for b in range(0xE0, 0xF0)}
-_LEAD_RANGES |= {b: ((b - 0xF0) << 18, ((b - 0xF0) << 18) + 0x3FFFF) for b in range(0xF0, 0xF5)}
+_LEAD_RANGES |= {b: (max(0x800, (b - 0xE0) << 12), ((b - 0xE0) << 12) + 0xFFF) for b in range(0xE0, 0xF0)}
+_LEAD_RANGES |= {
+    b: (max(0x10000, (b - 0xF0) << 18), min(0x10FFFF, ((b - 0xF0) << 18) + 0x3FFFF)) for b in range(0xF0, 0xF5)
+}
 _NEVER_IN_UTF8 = {0xC0, 0xC1, *range(0xF5, 0x100)}
 
 
