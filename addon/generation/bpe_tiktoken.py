@@ -102,7 +102,8 @@ def tiktoken_bpe(
     model = spec["model"]
     added = {t["content"]: t["id"] for t in spec.get("added_tokens") or ()}
     # an added token's text is matched whole before the split, never merged: tiktoken's special tokens
-    vocab = ((token, i) for token, i in model["vocab"].items() if i not in added.values())
+    added_ids = set(added.values())
+    vocab = ((token, i) for token, i in model["vocab"].items() if i not in added_ids)
     try:
         ranks = {token_bytes(token): i for token, i in vocab}
         if (refusal := _merge_refusal(model, ranks)) is not None:

@@ -245,7 +245,7 @@ class _Sink:
             await self._writer.drain()
 
     async def end(self, data: bytes = b"") -> None:
-        body = self._conn.send(h11.Data(data=data)) or b"" if data else b""
+        body = (self._conn.send(h11.Data(data=data)) or b"") if data else b""
         self._writer.write(self._head + body + (self._conn.send(h11.EndOfMessage()) or b""))
         self._head = b""
         self.ended = True
