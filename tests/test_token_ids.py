@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from addon.records import token_ids
 
-IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=2 * token_ids.SMALL)  # both sides of the small path
+IDS = st.lists(st.integers(0, token_ids.INT32_MAX), max_size=600)  # a call's usual new suffix
 
 
 @given(IDS)
@@ -22,6 +22,26 @@ def test_json_list_is_the_compact_json_of_the_ids(ids: list[int]) -> None:
     assert text == json.dumps(ids, separators=(",", ":"))
     assert json.loads(text) == ids
     assert token_ids.json_list(array("i", ids)) == text
+
+
+@pytest.mark.parametrize("n", [token_ids.ARROW_JSON, token_ids.ARROW_JSON + 1, 3 * token_ids.ARROW_JSON + 7])
+def test_json_list_is_the_same_on_both_sides_of_arrows_threshold(n: int) -> None:
+    ids = [(i * 2_654_435_761) % (token_ids.INT32_MAX + 1) for i in range(n)]  # every digit count, 0 first
+    text = token_ids.json_list(ids)
+    assert text == json.dumps(ids, separators=(",", ":"))
+    assert token_ids.json_bytes(array("i", ids)) == text.encode()
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, token_ids.SIGN_BYTES, token_ids.SIGN_BYTES + 1, 3 * token_ids.SIGN_BYTES])
+@pytest.mark.parametrize("bad", [-1, -(2**31), -256, -(2**24)])
+def test_a_negative_id_is_found_wherever_it_is(n: int, bad: int) -> None:
+    """The sign check (the ids' top bytes up to SIGN_BYTES ids, Arrow's min past it) at the first, a middle and the
+    last place, for values whose other bytes are all zero or all set."""
+    for at in {0, n // 2, n - 1}:
+        ids = array("i", [2**31 - 1] * n)
+        ids[at] = bad
+        with pytest.raises(ValueError, match=rf"got {bad}\.\."):
+            token_ids.pack(ids, "prompt_ids")
 
 
 def test_a_packed_array_is_used_as_it_is_and_viewed_without_a_copy() -> None:
@@ -37,7 +57,7 @@ def test_a_packed_array_is_used_as_it_is_and_viewed_without_a_copy() -> None:
     [
         ([1, -2, 3], r"prompt_ids must hold token ids in \[0, 2\*\*31\); got -2\.\.3"),
         (array("i", [4, -1]), r"got -1\.\.4"),
-        (array("i", [7] * token_ids.SMALL + [-3]), r"got -3\.\.7"),  # past the small path: Arrow's min and max
+        (array("i", [7] * token_ids.SIGN_BYTES + [-3]), r"got -3\.\.7"),  # past the sign bytes: Arrow's min and max
         ([2**31], r"got \[2147483648\]"),
         ([1, "2"], r"got \['2'\]"),
         ([True, 0.5], r"got \[0\.5\]"),

@@ -281,7 +281,7 @@ def completion_body(req: GenerationRequest, stream: bool) -> bytes:
     (``json.dumps`` of 10^5 ints was the largest single cost of a call on the event loop)."""
     payload = completion_payload(req, stream, with_prompt=False)
     rest = json.dumps(payload, separators=(",", ":")).encode()
-    prompt = req.prompt_json.data if req.prompt_json is not None else token_ids.json_list(req._packed).encode()
+    prompt = req.prompt_json.data if req.prompt_json is not None else token_ids.json_bytes(req._packed)
     # one copy of the prompt's list: a str concatenation and its encode made four, ~0.8 ms at 131k ids on the loop
     return b"".join((b'{"prompt":', prompt, b",", memoryview(rest)[1:]))
 

@@ -8,8 +8,9 @@ proxy's one event loop. These helpers do the per-id work in C:
 * :func:`pack` — ``array('i')`` of the ids (the same object when it already is one, a :class:`FrozenIds`' own
   array), ``ValueError`` naming ``name`` for anything that is not a token id in [0, 2**31);
 * :func:`arrow` — an int32 Arrow array over the packed buffer (no copy);
-* :func:`json_list` — the ids as a compact JSON list (``"[1,2,3]"``), formatted by Arrow's cast and join kernels
-  (about 5x faster than ``json.dumps`` of a list at 128k ids);
+* :func:`json_list` — the ids as a compact JSON list (``"[1,2,3]"``): msgspec's encoder up to ``ARROW_JSON`` ids
+  (a call's new suffix: ~7 us for 300 ids, 44 for 2,000, against Arrow's 55 and 91 and a GIL release per kernel),
+  Arrow's cast and join kernels past it (a whole 128k prompt: ~3 ms against msgspec's ~4.4);
 * :class:`JsonIds` — packed ids and their JSON list as ASCII bytes, made together (:meth:`JsonIds.of`, and
   :meth:`JsonIds.extending`, which formats only the ids after an earlier list that is a prefix of these: a
   session's next prompt extends its last one, so the cost follows the new suffix, not the context), so whoever
@@ -23,18 +24,26 @@ A packed array handed on is treated as read-only by everyone who holds it (the s
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
 INT32_MAX = 2**31 - 1
-# Below this many ids a Python-level pass beats Arrow: each compute call costs ~8 us of fixed overhead and releases
-# the GIL (a wait to get it back in a busy process); measured crossovers: min() ~250 ids, str.join ~320 ids. A call's
-# new suffix is usually this short.
-SMALL = 256
+# Arrow's compute calls cost ~8 us of fixed overhead each and release the GIL (a wait to get it back in a busy
+# process), so short lists, a call's usual new suffix, stay off them. Up to this many ids pack's sign check reads
+# the ids' top bytes (C-level, GIL held: ~11 us at 2,000 ids) instead of Arrow's min (~8 us alone, but 0.12 ms a
+# call at 32 sessions in a py-spy profile, round 22: the planning thread waiting to get the GIL back).
+SIGN_BYTES = 4096
+# Up to this many ids json_list uses msgspec (measured on this VM: equal near 40k ids; Arrow 2.9 ms against 4.4 at
+# 131k, msgspec 0.33 against 0.40 ms at 16k).
+ARROW_JSON = 40_000
+_TOP_BYTE = 3 if sys.byteorder == "little" else 0  # the byte of an int32 that holds its sign
+_encode_json = msgspec.json.Encoder().encode
 
 if array("i").itemsize != 4:
     raise ImportError("addon.records.token_ids needs a platform whose C int is 4 bytes")
@@ -52,8 +61,9 @@ def pack(ids: Sequence[int], name: str = "token ids") -> array[int]:
         except (OverflowError, TypeError) as e:
             bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= INT32_MAX][:3]
             raise ValueError(f"{name} must hold token ids in [0, 2**31); got {bad}") from e
-    if 0 < len(packed) < SMALL:
-        if min(packed) < 0:
+    if 0 < len(packed) <= SIGN_BYTES:
+        # every id's sign byte below 0x80, i.e. no negative id, without an int object per id
+        if not memoryview(packed).cast("B")[_TOP_BYTE::4].tobytes().isascii():
             raise ValueError(f"{name} must hold token ids in [0, 2**31); got {min(packed)}..{max(packed)}")
     elif len(packed):
         view = arrow(packed)
@@ -70,11 +80,18 @@ def arrow(packed: array[int]) -> pa.Array:
 
 def json_list(ids: Sequence[int]) -> str:
     """``ids`` as a compact JSON list of integers."""
-    if len(ids) < SMALL:
-        return "[" + ",".join(map(str, pack(ids))) + "]"
-    text = pc.cast(arrow(pack(ids)), pa.string())
+    return json_bytes(ids).decode()
+
+
+def json_bytes(ids: Sequence[int]) -> bytes:
+    """:func:`json_list` as ASCII bytes (what a request body carries)."""
+    packed = pack(ids)
+    if len(packed) <= ARROW_JSON:
+        data: bytes = _encode_json(packed.tolist())
+        return data
+    text = pc.cast(arrow(packed), pa.string())
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text), ",")
-    return "[" + joined[0].as_py() + "]"
+    return b"[" + joined[0].as_buffer().to_pybytes() + b"]"
 
 
 class JsonIds:
@@ -101,7 +118,7 @@ class JsonIds:
     def of(cls, ids: Sequence[int]) -> JsonIds:
         """``ids`` packed (checked as :func:`pack` checks) with their JSON list."""
         packed = pack(ids)
-        return cls._made(packed, json_list(packed).encode())
+        return cls._made(packed, json_bytes(packed))
 
     @classmethod
     def extending(cls, ids: array[int], earlier: JsonIds | None) -> JsonIds:
@@ -111,11 +128,11 @@ class JsonIds:
             raise TypeError(f"JsonIds.extending takes an array('i'), got {type(ids).__name__}")
         n = len(earlier.ids) if earlier is not None else 0
         if earlier is None or n == 0 or n > len(ids) or ids[:n] != earlier.ids:
-            return cls._made(ids, json_list(ids).encode())
+            return cls._made(ids, json_bytes(ids))
         if n == len(ids):
             return cls._made(ids, earlier.data)
         # one copy of the long part (a slice, then a concatenation, made two)
-        new = json_list(ids[n:]).encode()
+        new = json_bytes(ids[n:])
         return cls._made(ids, b"".join((memoryview(earlier.data)[:-1], b",", memoryview(new)[1:])))
 
     @property
@@ -130,7 +147,7 @@ class JsonIds:
         return f"JsonIds({len(self.ids)} ids, {len(self.data)} bytes)"
 
 
-__all__ = ["INT32_MAX", "JsonIds", "arrow", "json_list", "pack"]
+__all__ = ["INT32_MAX", "JsonIds", "arrow", "json_bytes", "json_list", "pack"]
 
 
 class FrozenIds(Sequence[int]):
