@@ -27,7 +27,7 @@ from addon import launch
 from benchmarks import tree
 from benchmarks.fake_engine import SERVED
 from benchmarks.replayer import BaseUrl, Direct, Proxied
-from benchmarks.side_by_side import context_sweep, run_level
+from benchmarks.side_by_side import context_sweeps, run_level
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,15 +68,18 @@ def compare(python: str, paced_url: str, unpaced_url: str, args: argparse.Namesp
     proc, url = start(python, unpaced_url, work / "openenv-ctx.log")
     (proxy,) = tree.start_proxies(unpaced_url, 1, work / "openenv-ctx-harnessrl", args.model_dir)
     try:
-        for name, target in (
-            ("openenv", Direct(url)),
-            ("harnessrl x1", Proxied((proxy,))),
-            ("harnessrl base URL x1", BaseUrl((proxy,))),
-        ):
-            # four chat sessions per size: the four-format rows' number of calls (one session gave 5 steady calls,
-            # whose p50 moved by ~1 ms from run to run)
-            rows = context_sweep(unpaced_url, target, args.contexts, args.context_calls, args.seed, ("chat",), 4)
-            out["contexts"] += [{"target": name} | asdict(r) for r in rows]
+        # interleaved (each session straight to the engine, then through the three in a rotating order), four chat
+        # sessions per four-format one: as many calls as the four-format rows
+        sweeps = context_sweeps(
+            unpaced_url,
+            {"openenv": Direct(url), "harnessrl x1": Proxied((proxy,)), "harnessrl base URL x1": BaseUrl((proxy,))},
+            args.contexts,
+            args.context_calls,
+            args.seed,
+            ("chat",),
+            4 * args.context_sessions,
+        )
+        out["contexts"] = [{"target": name} | asdict(r) for name, rows in sweeps.items() for r in rows]
     finally:
         proxy.stop()
         stop(proc)

@@ -26,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,30 +89,69 @@ def context_sweep(
     formats: Sequence[WireFormat] = FORMATS,
     sessions: int = 1,
 ) -> list[ContextRow]:
-    """Sessions at each context size, one at a time: straight to ``engine_url``'s direct routes, then ``target``;
-    ``sessions`` of each format (a chat-only sweep takes 4, as many calls as the four formats' one each)."""
-    rows = []
+    """:func:`context_sweeps` of one target, without the warm-up (``context_compare.py`` calls this name in every
+    tree it compares, and alternates the trees itself)."""
+    rows = context_sweeps(engine_url, {"target": target}, contexts, calls, seed, formats, sessions, warmup=False)
+    return rows["target"]
+
+
+def context_sweeps(
+    engine_url: str,
+    targets: Mapping[str, Target],
+    contexts: Sequence[int],
+    calls: int,
+    seed: int,
+    formats: Sequence[WireFormat] = FORMATS,
+    sessions: int = 1,
+    warmup: bool = True,
+) -> dict[str, list[ContextRow]]:
+    """Sessions at each context size, one call at a time, interleaved: each session runs straight to
+    ``engine_url``'s direct routes, then through every target in turn (the order rotating from one session to the
+    next), each target under its own session id. A slow minute of a noisy machine then falls on the direct run and
+    on every target alike; one sweep per target, one after the other, once gave the first a direct baseline 1.4x
+    the last's (``side_by_side.md`` of 623e4a0). ``sessions`` of each format per size (a chat-only sweep takes 4
+    per one of a four-format sweep: as many calls). ``warmup``: first one short session per format through each
+    target, not counted: a proxy's first calls of a format load what every later call reuses (the page says so)."""
+    names = list(targets)
+    tags = {n: (f"-t{j}" if len(names) > 1 else "") for j, n in enumerate(names)}
+    if warmup:
+        for f in formats:
+            script = context_script(seed, -1, f, 2_000, 2)
+            for n in names:
+                asyncio.run(replay(targets[n], [replace(script, session_id=f"warm{tags[n]}-{f}")], concurrency=1))
+    out: dict[str, list[ContextRow]] = {n: [] for n in names}
     for k, tokens in enumerate(contexts):
         chars = int(tokens * CHARS_PER_TOKEN)
         scripts = [context_script(seed, k + 1000 * r, f, chars, calls) for r in range(sessions) for f in formats]
-        direct = asyncio.run(replay(Direct(engine_url), scripts, concurrency=1))
-        proxied = asyncio.run(replay(target, scripts, concurrency=1))
-        steady, first, d = _paired(direct, proxied)
-        ids = {s.session_id for s in scripts}
-        lens = _prompt_lengths(target.proxies[0], ids) if isinstance(target, Proxied | BaseUrl) else []
-        rows.append(
-            ContextRow(
+        added: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+        direct_s: list[float] = []
+        for i, script in enumerate(scripts):
+            direct = {
+                c.call: c.total_s for c in asyncio.run(replay(Direct(engine_url), [script], concurrency=1)).completed()
+            }
+            direct_s += direct.values()
+            for n in names[i % len(names) :] + names[: i % len(names)]:
+                run = replace(script, session_id=script.session_id + tags[n])
+                for c in asyncio.run(replay(targets[n], [run], concurrency=1)).completed():
+                    if c.call in direct:
+                        added[n][c.call != 0].append(c.total_s - direct[c.call])
+        for n in names:
+            first, steady = added[n]
+            target = targets[n]
+            ids = {s.session_id + tags[n] for s in scripts}
+            lens = _prompt_lengths(target.proxies[0], ids) if isinstance(target, Proxied | BaseUrl) else []
+            row = ContextRow(
                 tokens,
                 int(statistics.median(lens)) if lens else 0,
                 pct(steady, 0.5) * 1e3,
                 pct(steady, 0.99) * 1e3,
                 pct(first, 0.5) * 1e3,
-                pct(d, 0.5) * 1e3,
+                pct(direct_s, 0.5) * 1e3,
                 len(steady) + len(first),
             )
-        )
-        print(f"context {tokens}: {asdict(rows[-1])}", flush=True)
-    return rows
+            out[n].append(row)
+            print(f"context {tokens} {n}: {asdict(row)}", flush=True)
+    return out
 
 
 def _prompt_lengths(proxy: ProxyHandle, sessions: set[str]) -> list[int]:
@@ -360,6 +399,10 @@ def write_page(out: Path, cmd: str, facts: Any, results: dict[str, Any]) -> Path
         "",
         "## Added latency per call by context (proxied minus direct, same session and call, 4 formats)",
         "",
+        "One call at a time against the unpaced fake engine, interleaved: each session runs straight to the engine, "
+        "then through mitmproxy and through the base URL (the order rotating), after one short warm-up session per "
+        "format through each (not counted). First call: a session's first request (a full render).",
+        "",
         "| context (target tokens) | prompt tokens p50 | steady p50 ms | steady p99 ms | first call p50 ms "
         "| direct p50 ms | calls |",
         "|---|---|---|---|---|---|---|",
@@ -408,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", type=int, nargs="+", default=[32, 96, 192, 384])
     ap.add_argument("--contexts", type=int, nargs="+", default=[8_000, 32_000, 128_000])
     ap.add_argument("--context-calls", type=int, default=6)
+    ap.add_argument("--context-sessions", type=int, default=2, help="per format and context size (chat only: 4x)")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--token-rate", type=float, default=100.0)
@@ -429,12 +473,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             (proxy,) = tree.start_proxies(unpaced.url, 1, work / "ctx", args.model_dir)
             try:
-                results["contexts"] = context_sweep(
-                    unpaced.url, Proxied((proxy,)), args.contexts, args.context_calls, args.seed
+                sweeps = context_sweeps(
+                    unpaced.url,
+                    {"mitmproxy": Proxied((proxy,)), "base URL": BaseUrl((proxy,))},
+                    args.contexts,
+                    args.context_calls,
+                    args.seed,
+                    sessions=args.context_sessions,
                 )
-                results["contexts_base_url"] = context_sweep(
-                    unpaced.url, BaseUrl((proxy,)), args.contexts, args.context_calls, args.seed + 1
-                )
+                results["contexts"], results["contexts_base_url"] = sweeps["mitmproxy"], sweeps["base URL"]
             finally:
                 proxy.stop()
             results["durability"] = durability_cost(proxy.records, work)
@@ -482,12 +529,15 @@ def only(args: argparse.Namespace, cmd: str) -> int:
             try:
                 (proxy,) = tree.start_proxies(unpaced.url, 1, work / "relay", args.model_dir)
                 try:
-                    for name, target in (
-                        ("through mitmproxy", Proxied((proxy,))),
-                        ("internal server", Internal(proxy)),
-                    ):
-                        rows = context_sweep(unpaced.url, target, args.contexts, args.context_calls, args.seed)
-                        out[name] = [asdict(r) for r in rows]
+                    sweeps = context_sweeps(
+                        unpaced.url,
+                        {"through mitmproxy": Proxied((proxy,)), "internal server": Internal(proxy)},
+                        args.contexts,
+                        args.context_calls,
+                        args.seed,
+                        sessions=args.context_sessions,
+                    )
+                    out |= {name: [asdict(r) for r in rows] for name, rows in sweeps.items()}
                 finally:
                     proxy.stop()
             finally:
