@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from addon.generation.bpe_tiktoken import BYTE_OF_CHAR, TiktokenBPE, tiktoken_bpe, token_bytes
+from addon.generation.bpe_tiktoken import BYTE_OF_CHAR, SPLITS, TiktokenBPE, tiktoken_bpe, token_bytes
 from addon.generation.token_encoder import PROBE_TEXTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +109,15 @@ def edited(spec: dict[str, Any], edit: Callable[[dict[str, Any]], None]) -> dict
     return out
 
 
+def _split(
+    s: dict[str, Any], pattern: str, behavior: str = "Isolated", invert: bool = False, use_regex: bool = False
+) -> None:
+    """The pre-tokeniser of Llama 3's and Qwen 2's tokenizer.json: a Split by ``pattern``, then the byte map."""
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": behavior, "invert": invert}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+    s["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, byte_level]}
+
+
 def _swap_two_merged_ids(s: dict[str, Any]) -> None:
     vocab = s["model"]["vocab"]
     a, b = ("".join(m) if isinstance(m, list) else m.replace(" ", "") for m in s["model"]["merges"][10:12])
@@ -128,12 +137,15 @@ def _drop_a_continuation_byte(s: dict[str, Any]) -> None:
 EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "dropout": (lambda s: s["model"].update(dropout=0.1), "dropout=0.1"),
     "byte fallback": (lambda s: s["model"].update(byte_fallback=True), "byte_fallback=True"),
-    "ignore merges": (lambda s: s["model"].update(ignore_merges=True), "ignore_merges=True"),
     "suffix": (lambda s: s["model"].update(end_of_word_suffix="</w>"), "sub-word prefix or suffix"),
     "wordpiece": (lambda s: s["model"].update(type="WordPiece"), "not BPE"),
-    "normaliser": (lambda s: s.update(normalizer={"type": "NFC"}), "normaliser"),
-    "prefix space": (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "no prefix space"),
+    "normaliser": (lambda s: s.update(normalizer={"type": "Lowercase"}), "normaliser other than NFC"),
+    "prefix space": (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "GPT-2's split"),
     "other split": (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "GPT-2's split"),
+    "unknown split pattern": (lambda s: _split(s, r"\p{L}+|\p{N}+|[^\p{L}\p{N}]+"), "nor a known Split"),
+    "split removes": (lambda s: _split(s, SPLITS["Qwen 2"], behavior="Removed"), "nor a known Split"),
+    "split inverted": (lambda s: _split(s, SPLITS["Qwen 2"], invert=True), "nor a known Split"),
+    "regex twice": (lambda s: _split(s, SPLITS["Llama 3"], use_regex=True), "nor a known Split"),
     "lstrip": (lambda s: s["added_tokens"][2].update(lstrip=True), "strips spaces"),
     "prefix special": (
         lambda s: s["added_tokens"].append({**s["added_tokens"][2], "id": 60000, "content": "<|im_end|>x"}),
@@ -198,3 +210,68 @@ def test_characters_whose_lead_byte_has_no_token_are_exactly_those_sent_to_the_t
     assert not any(bpe.fallback_chars.search(c) for c in kept)
     for text in (f"a{c}b" for c in sent + kept):
         assert bpe.encode(text) == ids(backend, text)
+
+
+ASCII = st.text(st.characters(max_codepoint=127), max_size=40)
+SPLIT_PIECES = st.one_of(
+    ASCII,
+    st.sampled_from(("<|im_start|>", "<|im_end|>", "<|endoftext|>", "\x04", "\r\n", "\n\n  ", "}\n\n", " \t\n x")),
+    st.sampled_from(("1", "12", "1234", "1234567", " 99", "'S", "'LL", "DON'T", "I'm", "é", "東京", "🚀", "\u00a0")),
+)
+
+
+@pytest.fixture(scope="module", params=["Llama 3", "Qwen 2"])
+def split_pair(request: pytest.FixtureRequest, spec: dict[str, Any]) -> tuple[Tokenizer, TiktokenBPE, list[str]]:
+    """SmolLM2's vocabulary and merges behind Llama 3's pre-tokeniser (ignore_merges, as Llama 3 sets it) or Qwen 2's
+    (and its NFC normaliser); the real files are not on this machine. The list collects the texts sent to the
+    tokenizer itself."""
+    name = request.param
+
+    def edit(s: dict[str, Any]) -> None:
+        _split(s, SPLITS[name])
+        if name == "Qwen 2":
+            s["normalizer"] = {"type": "NFC"}
+        else:
+            s["model"]["ignore_merges"] = True
+
+    text = json.dumps(edited(spec, edit))
+    backend = Tokenizer.from_str(text)
+    one, many = exact(backend)
+    sent: list[str] = []
+    made = tiktoken_bpe(text, lambda t: sent.append(t) or one(t), many, list(PROBE_TEXTS))
+    assert isinstance(made, TiktokenBPE) and made.ascii_only, made
+    return backend, made, sent
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(SPLIT_PIECES, max_size=30).map("".join))
+def test_behind_llama3s_or_qwen2s_split_the_ids_are_the_tokenizers_own(
+    split_pair: tuple[Tokenizer, TiktokenBPE, list[str]], text: str
+) -> None:
+    backend, bpe, _ = split_pair
+    assert bpe.encode(text) == ids(backend, text)
+
+
+def test_behind_a_split_only_ascii_texts_go_to_tiktoken(split_pair: tuple[Tokenizer, TiktokenBPE, list[str]]) -> None:
+    backend, bpe, sent = split_pair
+    sent.clear()  # (the module's fixture: other tests' texts)
+    sources = (f.read_text() for f in sorted((REPO / "addon").rglob("*.py")))
+    code = next(t for t in sources if t.isascii() and len(t) > 5_000)  # a module of this repository
+    texts = [code, "x = 1234567\r\n\r\n  return {'A': [1, 22, 333]}\n", "WE'LL SEE'S", "café", "a\x04b"]
+    assert [bpe.encode(t) for t in texts] == [ids(backend, t) for t in texts]
+    assert sent == ["café", "a\x04b"]  # not ASCII; a character without a token
+    assert bpe.encode_batch(texts[:3]) == [ids(backend, t) for t in texts[:3]] and len(sent) == 2
+
+
+def test_ignore_merges_and_nfc_are_taken_with_gpt2s_split(backend: Tokenizer, spec: dict[str, Any]) -> None:
+    """tiktoken takes a piece that is a token whole, as ignore_merges does; NFC leaves ASCII as it is."""
+    for edit, ascii_only in (
+        (lambda s: s["model"].update(ignore_merges=True), False),
+        (lambda s: s.update(normalizer={"type": "NFC"}), True),
+    ):
+        text = json.dumps(edited(spec, edit))
+        other = Tokenizer.from_str(text)
+        made = tiktoken_bpe(text, *exact(other), list(PROBE_TEXTS))
+        assert isinstance(made, TiktokenBPE) and made.ascii_only is ascii_only, made
+        for sample in (*PROBE_TEXTS, "e\u0301 é ﬁ", "<|im_end|>x 12345"):
+            assert made.encode(sample) == ids(other, sample)

@@ -7,9 +7,16 @@ returns a :class:`TiktokenBPE` whose ``encode(text)`` gives the ids ``tokenizer.
 add_special_tokens=False)`` gives, or the reason it cannot. Nothing is approximated: the tokenizer is taken only
 when it is, piece by piece, what tiktoken computes:
 
-* the model is BPE without dropout, unknown token, byte fallback, sub-word prefix or suffix, and with
-  ``ignore_merges`` off; there is no normaliser; the pre-tokeniser is ``ByteLevel`` with GPT-2's split
-  (``use_regex``, no prefix space), which :data:`GPT2_SPLIT` is, in tiktoken's regex dialect;
+* the model is BPE without dropout, unknown token, byte fallback, sub-word prefix or suffix (``ignore_merges``
+  either way: tiktoken takes a piece that is a token whole, as ``ignore_merges`` does, and otherwise the checks
+  below make merging reach it);
+* the pre-tokeniser splits as tiktoken will: ``ByteLevel`` with GPT-2's split (``use_regex``, no prefix space),
+  which :data:`GPT2_SPLIT` is in tiktoken's regex dialect; or a ``Split`` (``Isolated``, not inverted) by one of
+  :data:`SPLITS`, Llama 3's or Qwen 2's pattern (the same text in both dialects), then ``ByteLevel`` without a
+  regex or prefix space. Behind a ``Split`` only ASCII texts go to tiktoken (``str.isascii``, O(1)), the rest to
+  ``fallback``: the two regex engines' Unicode classes (Oniguruma's, fancy-regex's) need not agree on every
+  character outside ASCII, and ASCII is all a coding agent's traffic mostly is;
+* there is no normaliser, or only NFC, which leaves ASCII as it is (and only ASCII texts then go to tiktoken);
 * every token of the model's vocabulary is one byte or the product of exactly one merge, and the products' ids rise
   with the merges' order. tiktoken's rank is both a token's id and its merge priority, so the ids must order the
   merges as the merge list does (byte-level BPE as trained: the merges are appended to the vocabulary in order);
@@ -41,6 +48,14 @@ import msgspec
 
 # GPT-2's pre-tokeniser split, as tokenizers' ByteLevel(use_regex=True) applies it
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# the Split patterns of tokenizer.json files taken as they are: each means the same in Oniguruma (tokenizers) and
+# fancy-regex (tiktoken) on ASCII text; digits one at a time (Qwen 2) or by threes (Llama 3)
+_SPLIT_TAIL = r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_SPLIT_HEAD = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"""
+SPLITS = {
+    "Llama 3": _SPLIT_HEAD + r"|\p{N}{1,3}" + _SPLIT_TAIL,
+    "Qwen 2": _SPLIT_HEAD + r"|\p{N}" + _SPLIT_TAIL,
+}
 # the ByteLevel pre-tokeniser's byte -> character map (printable bytes stand for themselves, the rest from U+0100)
 _PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
 _UNPRINTABLE = [b for b in range(256) if b not in _PRINTABLE]
@@ -68,15 +83,19 @@ class TiktokenBPE:
     encoding: Any  # tiktoken.Encoding
     fallback: Callable[[str], list[int]]
     fallback_chars: re.Pattern[str]  # a text with one of these goes to ``fallback``
+    ascii_only: bool = False  # only ASCII texts go to tiktoken (behind a Split pattern or NFC)
+
+    def _falls_back(self, text: str) -> bool:
+        return (self.ascii_only and not text.isascii()) or self.fallback_chars.search(text) is not None
 
     def encode(self, text: str) -> list[int]:
-        if self.fallback_chars.search(text) is not None:
+        if self._falls_back(text):
             return self.fallback(text)
         ids: list[int] = self.encoding.encode(text, allowed_special="all")
         return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if any(self.fallback_chars.search(t) is not None for t in texts):
+        if any(self._falls_back(t) for t in texts):
             return [self.encode(t) for t in texts]
         threads = min(8, os.cpu_count() or 1)
         out: list[list[int]] = self.encoding.encode_batch(texts, num_threads=threads, allowed_special="all")
@@ -99,6 +118,12 @@ def tiktoken_bpe(
     spec = msgspec.json.decode(backend_json)
     if (refusal := _refusal(spec)) is not None:
         return refusal
+    split = _split(spec)
+    if split is None:
+        return (
+            f"its pre-tokeniser is neither ByteLevel with GPT-2's split nor a known Split: {spec.get('pre_tokenizer')}"
+        )
+    ascii_only = split != GPT2_SPLIT or spec.get("normalizer") is not None
     model = spec["model"]
     added = {t["content"]: t["id"] for t in spec.get("added_tokens") or ()}
     # an added token's text is matched whole before the split, never merged: tiktoken's special tokens
@@ -115,8 +140,8 @@ def tiktoken_bpe(
         return f"its vocabulary has no token for the UTF-8 continuation byte(s) {sorted(missing)}"
     classes = ["\\ud800-\\udfff"] + [re.escape(chr(b)) for b in sorted(missing) if b < 0x80]
     classes += [f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in (_LEAD_RANGES[b] for b in sorted(missing) if b >= 0xC2)]
-    encoding = tiktoken.Encoding("harnessrl-bpe", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens=added)
-    bpe = TiktokenBPE(encoding, fallback, re.compile(f"[{''.join(classes)}]"))
+    encoding = tiktoken.Encoding("harnessrl-bpe", pat_str=split, mergeable_ranks=ranks, special_tokens=added)
+    bpe = TiktokenBPE(encoding, fallback, re.compile(f"[{''.join(classes)}]"), ascii_only)
     texts = [t for t in (b.decode("utf-8", "ignore") for b in ranks) if t] + probe
     ours, theirs = [bpe.encode(t) for t in texts], fallback_batch(texts)  # one thread: 49k small texts
     if (i := next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)) is not None:
@@ -134,16 +159,13 @@ def _refusal(spec: dict[str, Any]) -> str | None:
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         return f"its model is {model.get('type')!r}, not BPE"
-    for key, ok in (("dropout", None), ("unk_token", None), ("byte_fallback", False), ("ignore_merges", False)):
+    for key, ok in (("dropout", None), ("unk_token", None), ("byte_fallback", False)):
         if model.get(key, ok) != ok:
             return f"its BPE sets {key}={model.get(key)!r}"
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return "its BPE has a sub-word prefix or suffix"
-    if spec.get("normalizer") is not None:
-        return "it has a normaliser"
-    pre = spec.get("pre_tokenizer") or {}
-    if (pre.get("type"), pre.get("add_prefix_space"), pre.get("use_regex", True)) != ("ByteLevel", False, True):
-        return f"its pre-tokeniser is not ByteLevel with GPT-2's split and no prefix space: {pre}"
+    if spec.get("normalizer") not in (None, {"type": "NFC"}):
+        return f"it has a normaliser other than NFC: {spec.get('normalizer')}"
     added = [t["content"] for t in spec.get("added_tokens") or ()]
     for t in spec.get("added_tokens") or ():
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
@@ -151,6 +173,28 @@ def _refusal(spec: dict[str, Any]) -> str | None:
     if any(a != b and b.startswith(a) for a in added for b in added):
         return "one of its added tokens is a prefix of another"
     return None
+
+
+def _split(spec: dict[str, Any]) -> str | None:
+    """The split regex (tiktoken's dialect) the pre-tokeniser applies before its byte-level map, or None when it is
+    not one this module takes (see the module docstring)."""
+    pre = spec.get("pre_tokenizer") or {}
+    if (pre.get("type"), pre.get("add_prefix_space"), pre.get("use_regex", True)) == ("ByteLevel", False, True):
+        return GPT2_SPLIT
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None
+    split, byte_level = steps
+    if (byte_level.get("type"), byte_level.get("add_prefix_space"), byte_level.get("use_regex")) != (
+        "ByteLevel",
+        False,
+        False,
+    ):
+        return None
+    pattern = (split.get("pattern") or {}).get("Regex")
+    if (split.get("type"), split.get("behavior"), split.get("invert")) != ("Split", "Isolated", False):
+        return None
+    return pattern if pattern in SPLITS.values() else None
 
 
 def _merge_refusal(model: dict[str, Any], ranks: dict[bytes, int]) -> str | None:
@@ -172,4 +216,4 @@ def _merge_refusal(model: dict[str, Any], ranks: dict[bytes, int]) -> str | None
     return None
 
 
-__all__ = ["BYTE_OF_CHAR", "GPT2_SPLIT", "TiktokenBPE", "tiktoken_bpe", "token_bytes"]
+__all__ = ["BYTE_OF_CHAR", "GPT2_SPLIT", "SPLITS", "TiktokenBPE", "tiktoken_bpe", "token_bytes"]

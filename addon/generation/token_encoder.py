@@ -48,6 +48,9 @@ PROBE_TEXTS: tuple[str, ...] = (
     'def f(x: int) -> dict[str, int]:\n    return {"a": x ** 2, "b": [1, 2, 3]}  # comment\n',
     '{"path":"/tmp/a b.txt","lines":[12,345,6789],"ok":true,"note":"naïve café – 東京 🚀"}',
     "1234567890 3.14159 -42 1e-9 0x1F ███ \u00a0nbsp \u200bzero-width   ",
+    # ASCII that Llama 3's and Qwen 2's splits cut otherwise than GPT-2's: upper-case contractions, digit runs,
+    # CR LF, punctuation before newlines, space runs before a newline
+    "I'M SURE HE'S RIGHT; WE'LL SEE. don't\r\n\r\n  x=1234567;y=89\n\t}\n\n\n    return   \n  ok",
 )
 
 
