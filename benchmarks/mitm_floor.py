@@ -30,9 +30,9 @@ from addon import launch  # noqa: E402
 from addon.launch import MITMDUMP, ProxyHandle  # noqa: E402
 from benchmarks import fake_engine  # noqa: E402
 from benchmarks import tree as facts  # noqa: E402
+from benchmarks.context_sweep import CHARS_PER_TOKEN, _paired, pct  # noqa: E402
 from benchmarks.replayer import Direct, Proxied, replay  # noqa: E402
 from benchmarks.sessions import FORMATS, context_script  # noqa: E402
-from benchmarks.side_by_side import CHARS_PER_TOKEN, _paired, pct  # noqa: E402
 
 RELAY = ROOT / "benchmarks" / "addons" / "relay.py"
 

@@ -25,9 +25,10 @@ import httpx
 
 from addon import launch
 from benchmarks import tree
+from benchmarks.context_sweep import context_sweeps
 from benchmarks.fake_engine import SERVED
 from benchmarks.replayer import BaseUrl, Direct, Proxied
-from benchmarks.side_by_side import context_sweeps, run_level
+from benchmarks.side_by_side import run_level
 
 ROOT = Path(__file__).resolve().parent.parent
 
