@@ -71,6 +71,7 @@ from addon.records.store import RecordStoreError  # noqa: E402
 from addon.serving.admission import Admitted, Arrival, Refused, admit, refusal, unavailable  # noqa: E402
 from addon.serving.config import OPTIONS, CaptureConfig, add_options  # noqa: E402
 from addon.serving.field_lines import fold_field_lines  # noqa: E402
+from addon.serving.handover import HandOver, RoutingListener, supported  # noqa: E402
 from addon.serving.lean_chain import idle_addons, woken  # noqa: E402
 from addon.serving.runtime import Runtime  # noqa: E402
 from addon.serving.server import (  # noqa: E402
@@ -112,7 +113,8 @@ class Capture:
         self._settled = asyncio.Event()  # start-up ended, well or not: calls waiting for it go on
         self._unavailable: str | None = None  # why calls get a 503 now (a failed start-up, shutting down)
         self._waiting = 0  # calls waiting for start-up to end
-        self._shared: asyncio.Server | None = None  # the SO_REUSEPORT listener (harnessrl_shared_port)
+        # the SO_REUSEPORT listener (harnessrl_shared_port): routing tunnels to their owner (harnessrl_handover) or not
+        self._shared: RoutingListener | asyncio.Server | None = None
         self._dropped: dict[str, tuple[str, ...]] = {}  # idle mitmproxy addons dropped at start-up, their options
         # the TLS relay (harnessrl_relay): CONNECT tunnels to intercepted hosts -> the session their credentials name,
         # and the relay connections mitmproxy opens for them -> that session
@@ -150,9 +152,10 @@ class Capture:
             if self.config.shared_port:
                 await self._listen_shared(self.config.shared_port)
             options = {name: getattr(ctx.options, name) for name, *_ in OPTIONS}  # what worker processes rebuild
+            probes = {"handover": self._shared.handover.snapshot} if isinstance(self._shared, RoutingListener) else {}
             # set once the servers listen: tunnels opened while the tokenizer loads are relayed too (a tunnel's layer
             # is chosen when it opens, and a harness keeps its tunnel for the whole session)
-            self.runtime = await Runtime.start(self.config, options, on_listening=self._listening)
+            self.runtime = await Runtime.start(self.config, options, on_listening=self._listening, probes=probes)
         except Exception as e:
             self.runtime = None  # Runtime.start stopped what it had opened
             await self._fail_start(e)
@@ -175,8 +178,32 @@ class Capture:
         instance = proxyserver.servers[ctx.options.mode[0]] if proxyserver is not None else None
         if instance is None:
             raise OSError(f"harnessrl_shared_port: no proxy server runs for mode {ctx.options.mode[0]!r}")
+        assert self.config is not None
+        if self.config.hands_over and supported():
+            handover = HandOver(self.config.server_port, instance.handle_stream)
+            handover.start()
+            listener = RoutingListener(instance.handle_stream, handover, self._owner_port)
+            try:
+                await listener.start(ctx.options.listen_host, port)
+            except OSError:
+                handover.close()
+                raise
+            self._shared = listener
+            log.info("harnessrl: also listening on the shared port %d; tunnels go to their session's process", port)
+            return
+        if self.config.hands_over:
+            log.warning("harnessrl: harnessrl_handover needs Linux's abstract Unix sockets; off on this platform")
         self._shared = await listen_shared(instance.handle_stream, ctx.options.listen_host, port)
         log.info("harnessrl: also listening on the shared port %d", port)
+
+    def _owner_port(self, user: str) -> int | None:
+        """For a shared-port tunnel whose proxy user is ``user``: the internal port of the process that owns that
+        session when it is another one and is up; ``None``: this process serves it."""
+        runtime = self.runtime
+        if runtime is None or runtime.workers is None or self._unavailable is not None:
+            return None
+        owner = runtime.workers.owner(user)
+        return runtime.workers.port_of(owner) if owner else None
 
     async def _fail_start(self, e: Exception) -> None:
         """A proxy that cannot start exits non-zero with the reason, answering the calls that waited first."""

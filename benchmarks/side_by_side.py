@@ -115,18 +115,20 @@ def load_levels(
     rows: list[LevelRow] = []
     for n in levels:
         rows.append(run_level("direct", Direct(engine_url), n, seconds, seed)[0])
-        # (mitmdump processes, base URL, generation workers per mitmdump, the processes sharing one port)
-        variants = [(k, False, 1, False) for k in sorted({1, procs})]
+        # (mitmdump processes, base URL, generation workers per mitmdump, the processes sharing one port, tunnels
+        # handed to their session's process: harnessrl_handover)
+        variants = [(k, False, 1, False, True) for k in sorted({1, procs})]
         if procs > 1:
-            variants += [(procs, False, 1, True), (1, False, procs, False)]
-        for k, base_url, workers, shared in [*variants, (1, True, 1, False)]:
-            options = (f"harnessrl_workers={workers}",)
-            where = work / f"lvl-{n}-{k}-{base_url}-w{workers}-{'shared' if shared else 'own'}"
+            variants += [(procs, False, 1, True, True), (procs, False, 1, True, False), (1, False, procs, False, True)]
+        for k, base_url, workers, shared, handover in [*variants, (1, True, 1, False, True)]:
+            options = (f"harnessrl_workers={workers}", f"harnessrl_handover={str(handover).lower()}")
+            where = work / f"lvl-{n}-{k}-{base_url}-w{workers}-{'shared' if shared else 'own'}-{handover}"
             handles = tree.start_proxies(engine_url, k, where, model_dir, options=options, shared=shared)
             if base_url:
                 name, target = "harnessrl base URL x1", BaseUrl(tuple(handles))
             elif shared:  # the replayer spreads sessions over the handles: every one names the same port
-                name, target = f"harnessrl x{k} one port", Proxied(tuple(handles))
+                name = f"harnessrl x{k} one port" + ("" if handover else ", no handover")
+                target = Proxied(tuple(handles))
             else:
                 name = f"harnessrl x{k}" + (f" workers{workers}" if workers > 1 else "")
                 target = Proxied(tuple(handles))

@@ -570,7 +570,7 @@ async def test_a_call_during_start_up_waits_for_it(monkeypatch) -> None:
 async def test_the_runtime_is_there_for_the_relay_while_it_binds_and_calls_still_wait_for_the_bind(monkeypatch) -> None:
     release, stub = asyncio.Event(), StubRuntime()
 
-    async def start(config: object, options: object = None, on_listening=None) -> StubRuntime:
+    async def start(config: object, options: object = None, on_listening=None, **_: object) -> StubRuntime:
         on_listening(stub)  # the servers listen; the tokenizer loads (the tunnels opening now are relayed)
         await release.wait()
         return stub

@@ -13,9 +13,11 @@ vendor's retryable 503 while its own sessions go on.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import socket
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -191,6 +193,42 @@ def test_two_processes_on_one_port_answer_and_record_every_call_once_by_its_owne
     assert len(listed) == 16 and all(listed[s]["closed"] and listed[s]["calls"] == 2 for s in sessions)
     r = httpx.post(f"http://127.0.0.1:{second.admin_port}/_harnessrl/admin/policy_version", json={"version": 4})
     assert r.status_code == 200 and r.json() == {"version": 4}
+    # every tunnel reached its session's owner (harnessrl_handover), so every call was relayed there
+    structures = [own_structures(h) for h in shared_proxy]
+    assert [s["relay"]["requests"] for s in structures] == [len(rows) for rows in folders]
+    moved = [s["handover"] for s in structures]
+    assert sum(m["handed_out"] for m in moved) == sum(m["handed_in"] for m in moved) > 0
+    assert sum(m["handed_out"] + m["kept"] for m in moved) == sum(connects)
+    assert all(m["send_failed"] == m["refused"] == 0 for m in moved)
+
+
+def own_structures(handle: launch.ProxyHandle) -> dict:
+    """One process's own admin memory structures (``x-harnessrl-local``: no fan-out)."""
+    url = f"http://127.0.0.1:{handle.admin_port}/_harnessrl/admin/memory?objects=0"
+    return httpx.get(url, headers={"x-harnessrl-local": "1"}, timeout=30).json()["structures"]
+
+
+@integration
+def test_a_connect_in_pieces_or_without_credentials_gets_mitmproxy_s_answer_from_either_process(shared_proxy) -> None:
+    """Whatever the routing reads of a head, mitmproxy still reads all of it: a CONNECT head sent a few bytes at a
+    time is established, one without proxy credentials gets mitmproxy's 407 (proxyauth=any)."""
+    first, _ = shared_proxy
+    candidates = [f"c-{i}-{uuid.uuid4().hex[:6]}" for i in range(60)]
+    sessions = [s for s in candidates if worker_of(s, 2) == 0][:4] + [s for s in candidates if worker_of(s, 2)][:4]
+    for session in sessions:  # each process's own, and the other's, whichever process the kernel picks
+        token = base64.b64encode(f"{session}:x".encode()).decode()
+        bare = b"CONNECT api.openai.com:443 HTTP/1.1\r\nHost: api.openai.com:443\r\n"
+        head = bare + f"Proxy-Authorization: Basic {token}\r\n\r\n".encode()
+        assert connect_answer(first.port, head, piece=5).startswith(b"HTTP/1.1 200")
+        assert connect_answer(first.port, bare + b"\r\n", piece=3).startswith(b"HTTP/1.1 407")
+
+
+def connect_answer(port: int, head: bytes, piece: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for i in range(0, len(head), piece):
+            sock.sendall(head[i : i + piece])
+            time.sleep(0.002)
+        return sock.recv(4096)
 
 
 @integration

@@ -119,6 +119,14 @@ OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
         "Internal ports (harnessrl_server_port) of every process sharing harnessrl_shared_port, this one's among "
         "them, comma-separated: each session is answered by one of them. Empty: this process answers its calls.",
     ),
+    (
+        "harnessrl_handover",
+        bool,
+        True,
+        "With harnessrl_shared_port and proxy credentials as the first session source (Linux): a CONNECT naming a "
+        "session another process owns is passed to that process before TLS (addon/serving/handover.py). false: the "
+        "process the kernel picked serves it, forwarding each call to the owner.",
+    ),
 )
 
 MAX_WORKERS = 64
@@ -152,6 +160,7 @@ class CaptureConfig:
     workers: int = 1
     shared_port: int = 0
     peer_ports: tuple[int, ...] = ()
+    handover: bool = True
     lean_chain: bool = True
 
     @classmethod
@@ -227,12 +236,21 @@ class CaptureConfig:
             workers=o.harnessrl_workers,
             shared_port=o.harnessrl_shared_port,
             peer_ports=peer_ports,
+            handover=o.harnessrl_handover,
             lean_chain=o.harnessrl_lean_chain,
             tuning=ProcessTuning(
                 gc_young=o.harnessrl_gc_young,
                 malloc_arenas=o.harnessrl_malloc_arenas,
                 trim_every=float(o.harnessrl_trim_every),
             ),
+        )
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether this process routes shared-port tunnels to their session's owner (harnessrl_handover): only where
+        the proxy credentials name the session, which is all a CONNECT head shows."""
+        return bool(
+            self.shared_port and self.peer_ports and self.handover and self.session_sources[:1] == ("proxyauth",)
         )
 
     def describe_hosts(self) -> str:

@@ -80,11 +80,13 @@ class Runtime:
         config: CaptureConfig,
         options: Mapping[str, Any] | None = None,
         on_listening: Callable[[Runtime], None] | None = None,
+        probes: Mapping[str, Callable[[], Any]] | None = None,
     ) -> Runtime:
         """Open the store, start the internal server and, with ``config.workers > 1``, the worker processes, which
         get ``options`` (the proxy's ``harnessrl_*`` option values) to build the same configuration; then bind.
         ``on_listening(runtime)`` runs once the servers listen, before the bind (the tokenizer's load): the capture
-        addon relays the tunnels that open meanwhile, whose calls wait for the bind in :meth:`bind`."""
+        addon relays the tunnels that open meanwhile, whose calls wait for the bind in :meth:`bind`. ``probes``: more
+        structures for the admin memory route to report (the capture addon's)."""
         for line in tuning.apply_allocator(config.tuning):  # before the first worker thread allocates
             log.info("harnessrl: %s", line)
         store = await asyncio.to_thread(
@@ -106,7 +108,7 @@ class Runtime:
             config.max_body,
             flush_session=store.close_session,
             set_policy_version=runtime.set_policy_version,
-            memory_probes=runtime.memory_probes(),
+            memory_probes=runtime.memory_probes() | dict(probes or {}),
             peers=runtime.workers,
         )
         if config.base_url:
