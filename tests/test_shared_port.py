@@ -5,9 +5,11 @@ listening is marked down (its sessions get a 503) and up again when it listens; 
 a port and both get connections; a port held without ``SO_REUSEPORT`` is a clear error; the options are checked.
 Integration (two mitmdumps on one port in front of the FAKE engine of benchmarks/fake_engine.py, which isolates the
 proxy: what is tested is routing and records, not sampling): the connections land on both processes, every call of
-many sessions is answered and recorded once in its owner's folder, either admin port answers for both (stats,
-close, policy version) without fan-out loops, and when one process is killed the other answers its sessions with the
-vendor's retryable 503 while its own sessions go on.
+many sessions is answered and recorded once in its owner's folder, every tunnel reaches its owner (handed over when
+it landed on the other process) so every call is relayed there, either admin port answers for both (stats, close,
+policy version) without fan-out loops, a CONNECT sent a few bytes at a time is established and one without
+credentials gets mitmproxy's 407 from either process, and when one process is killed the other answers its sessions
+with the vendor's retryable 503 while its own sessions go on.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ tunnel's proxy authentication, TLS and relay (addon/serving/relay.py) all happen
 
 Everything else stays in the process that accepted it and takes the path it took before (a call forwarded to its
 owner's internal port; the vendor's 503 while the owner is down): a head that is not a ``CONNECT`` or names no
-session, a session this process owns, an owner marked down or whose Unix socket is not bound (yet), a datagram the
-kernel refuses (the owner's queue is full). Routing is placement only: any process answers any session, so a tunnel
+session, a session this process owns, an owner marked down or whose Unix socket is not bound (yet), an owner whose
+queue stays full for ``SEND_WAIT_S``. Routing is placement only: any process answers any session, so a tunnel
 in the wrong process costs time, never a record. A client that hangs up before sending anything is closed.
 
 A received datagram is used only when it carries exactly one TCP stream socket from a process of this user (the
@@ -49,6 +49,7 @@ HEAD_WAIT_S = 10.0  # a client silent this long after connecting is served where
 READ_BYTES = 16 * 1024
 STREAM_LIMIT = 2**16  # asyncio.start_server's default reader limit, which mitmproxy's listener gets too
 LISTEN_BACKLOG = 4096
+SEND_WAIT_S = 2.0  # at most this long for an owner's full queue to drain; then the tunnel is served where it landed
 ACCEPT_RETRY_S = 0.1  # after an accept error (out of descriptors): wait rather than spin
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -142,6 +143,7 @@ class HandOverCounts:
     handed_in: int = 0  # tunnels received from a peer
     kept: int = 0  # accepted here and served here (own session, not a CONNECT, no credentials, owner unreachable)
     send_failed: int = 0  # an owner that could not take one (not bound, queue full): served here instead
+    queue_waits: int = 0  # sends that found the owner's queue full and waited for it
     refused: int = 0  # datagrams not used: not one TCP socket, another user's, truncated
 
 
@@ -153,8 +155,10 @@ class HandOver:
         self.handler = handler
         self.counts = HandOverCounts()
         self._in: socket.socket | None = None
-        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._out.setblocking(False)  # a full queue is EAGAIN: the tunnel is served here, nothing waits
+        # one socket connected to each peer's address, and a lock per peer: waiting for a full queue to drain needs a
+        # connected socket (poll then watches the peer's queue), and one writer callback per descriptor
+        self._out: dict[int, socket.socket] = {}
+        self._sending: dict[int, asyncio.Lock] = {}
         self._uid = os.getuid()
 
     def start(self) -> None:
@@ -177,24 +181,53 @@ class HandOver:
             asyncio.get_running_loop().remove_reader(self._in.fileno())
             self._in.close()
             self._in = None
-        self._out.close()
+        for out in self._out.values():
+            out.close()
+        self._out.clear()
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self.counts)
 
-    def send(self, port: int, sock: socket.socket, first: bytes) -> bool:
+    async def send(self, port: int, sock: socket.socket, first: bytes) -> bool:
         """Pass ``sock`` and the bytes already read from it to the process whose internal port is ``port``; on
-        success this process's copy is closed. False (``sock`` untouched): serve it here."""
+        success this process's copy is closed. False (``sock`` untouched): serve it here. The owner's queue holds
+        only ``net.unix.max_dgram_qlen`` datagrams (10 by default), which a burst of new connections fills while the
+        owner is busy: a full queue is waited on for at most ``SEND_WAIT_S``."""
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sock.fileno()]))]
+        lock = self._sending.setdefault(port, asyncio.Lock())
         try:
-            self._out.sendmsg([first], rights, 0, address(port))
-        except OSError as e:  # ECONNREFUSED / ENOENT: not bound; EAGAIN: its queue is full; EMSGSIZE
+            async with lock, asyncio.timeout(SEND_WAIT_S):
+                out = self._connected(port)
+                while True:
+                    try:
+                        out.sendmsg([first], rights)
+                        break
+                    except BlockingIOError:  # its queue is full: wait until the owner takes one
+                        self.counts.queue_waits += 1
+                        await _writable(out)
+        except (OSError, TimeoutError) as e:  # ECONNREFUSED / ENOENT: not bound (any more); EMSGSIZE; timed out
             self.counts.send_failed += 1
-            log.debug("harnessrl: could not hand a tunnel to internal port %d (%s); serving it here", port, e)
+            stale = self._out.pop(port, None)
+            if stale is not None:
+                stale.close()  # reconnect next time: the owner may be a new process on the same port
+            log.debug("harnessrl: could not hand a tunnel to internal port %d (%r); serving it here", port, e)
             return False
         sock.close()
         self.counts.handed_out += 1
         return True
+
+    def _connected(self, port: int) -> socket.socket:
+        out = self._out.get(port)
+        if out is None:
+            out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                out.connect(address(port))
+            except OSError:
+                out.close()
+                raise
+            out.setblocking(False)
+            self._out[port] = out
+        return out
 
     def _readable(self) -> None:
         """Every queued datagram (level-triggered: each is consumed whole, so nothing readable is left behind)."""
@@ -284,7 +317,7 @@ class RoutingListener:
             return
         user = proxy_user(first)
         port = self.route(user) if user is not None and not closed else None
-        if port is not None and self.handover.send(port, conn, first):
+        if port is not None and await self.handover.send(port, conn, first):
             return
         self.handover.counts.kept += 1
         await serve(self.handler, conn, first)
@@ -313,6 +346,21 @@ def bind_reuseport(host: str, port: int) -> list[socket.socket]:
             sock.close()
         raise OSError(f"cannot listen on the shared port {host or '*'}:{port}: {e}") from e
     return bound
+
+
+async def _writable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:  # level-triggered: it may run again before the waiter removes it
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_writer(sock.fileno())
 
 
 def _tcp_socket(fd: int) -> socket.socket | None:

@@ -7,12 +7,14 @@ capture addon, generator, record store), each with its own internal port; every 
 one public port with ``SO_REUSEPORT`` (:func:`listen_shared`), so the kernel spreads the harnesses' connections over
 the processes and one proxy uses every core for TLS and HTTP as well as for generation.
 
-Sessions stay whole: the process that accepted a call sends it to the session's owner, ``worker_of(session, N)``
-over the list of internal ports (:class:`StaticPeers`), in process when it owns it, else over loopback to the
-owner's internal server. So a session's prefix graph, call counter and records live in one process, and attribution
-is exact whichever process the harness's connection landed on. Each process writes its own records folder
-(``<records>/worker-<k>`` for k > 0: readers search folders recursively) and fsyncs before the last byte of a call
-reaches the client, as with one process.
+Sessions stay whole: a tunnel whose proxy credentials name a session another process owns is handed to that
+process before TLS (``harnessrl_handover``, addon/serving/handover.py); any call that still lands elsewhere is sent
+by the process that accepted it to the session's owner, ``worker_of(session, N)`` over the list of internal ports
+(:class:`StaticPeers`), in process when it owns it, else over loopback to the owner's internal server. So a
+session's prefix graph, call counter and records live in one process, and attribution is exact whichever process
+the harness's connection landed on. Each process writes its own records folder (``<records>/worker-<k>`` for k > 0:
+readers search folders recursively) and fsyncs before the last byte of a call reaches the client, as with one
+process.
 
 Admin: any process's admin port answers for all (it fans out to the others with ``x-harnessrl-local: 1``, which
 makes the receiver answer for itself only: no fan-out loops); closing a session goes to its owner.
@@ -23,8 +25,9 @@ sessions then get the vendor's retryable 503 until it listens again (restart it 
 connections by itself.
 
 Why ``SO_REUSEPORT`` through our own listener: mitmproxy binds its listen port without it and has no option for it;
-so each process's mitmproxy listens on a private port and the capture addon opens the shared one, handing every
-accepted connection to mitmproxy's own server for that mode (``ServerInstance.handle_stream``, what mitmproxy's
+so each process's mitmproxy listens on a private port and the capture addon opens the shared one (here with
+:func:`listen_shared` when tunnels are not handed over; else handover.RoutingListener), handing every accepted
+connection to mitmproxy's own server for that mode (``ServerInstance.handle_stream``, what mitmproxy's
 listener calls), so TLS, proxy authentication and every hook work as on mitmproxy's port.
 """
 
