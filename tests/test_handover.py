@@ -108,6 +108,13 @@ def test_a_head_ends_at_the_blank_line_read_with_what_came_along_and_stops_at_eo
         client.close()
         server.close()
 
+        for early in (b"\x16\x03\x01\x02\x00\x01", b"GET http://a/ HTTP/1.1\r\n", b"CONNEXION"):
+            client, server = await tcp_pair()  # bytes that cannot begin a CONNECT: nothing to wait for
+            await loop.sock_sendall(client, early)
+            assert await read_head(server, wait=30, start=b"CONNECT ") == (early, False)
+            client.close()
+            server.close()
+
     asyncio.run(main())
 
 

@@ -5,11 +5,12 @@ Contract
 With ``harnessrl_shared_port`` and ``harnessrl_handover`` (on by default; Linux), each process of a shared-port proxy
 accepts the shared port's connections itself (:class:`RoutingListener`) and reads each connection's head: its
 request line and fields up to the blank line (:func:`read_head`: at most ``MAX_HEAD_BYTES``, waiting at most
-``HEAD_WAIT_S``). A ``CONNECT`` whose ``Proxy-Authorization`` names a session (:func:`proxy_user`: the Basic user
-name, decoded as mitmproxy's proxyauth decodes it) that another process owns goes to that process: the socket's
-descriptor and the bytes read so far in one datagram (``SCM_RIGHTS``) on a Unix socket in Linux's abstract namespace
-named after the owner's internal port (:class:`HandOver`). The owner feeds those bytes first into the stream it gives
-its own mitmproxy (``ServerInstance.handle_stream``, as for a connection it accepted: :func:`open_stream`), so the
+``HEAD_WAIT_S``; bytes that cannot begin a ``CONNECT``, such as a TLS hello, end the wait at once). A ``CONNECT``
+whose ``Proxy-Authorization`` names a session (:func:`proxy_user`: the Basic user name, decoded as mitmproxy's
+proxyauth decodes it) that another process owns goes to that process: the socket's descriptor and the bytes read so
+far in one datagram (``SCM_RIGHTS``) on a Unix socket in Linux's abstract namespace named after the owner's internal
+port (:class:`HandOver`). The owner feeds those bytes first into the stream it gives its own mitmproxy
+(``ServerInstance.handle_stream``, as for a connection it accepted: :func:`open_stream`), so the
 tunnel's proxy authentication, TLS and relay (addon/serving/relay.py) all happen in the session's owner.
 
 Everything else stays in the process that accepted it and takes the path it took before (a call forwarded to its
@@ -92,9 +93,13 @@ def proxy_user(head: bytes) -> str | None:
     return user if colon and user else None
 
 
-async def read_head(sock: socket.socket, limit: int = MAX_HEAD_BYTES, wait: float = HEAD_WAIT_S) -> tuple[bytes, bool]:
+async def read_head(
+    sock: socket.socket, limit: int = MAX_HEAD_BYTES, wait: float = HEAD_WAIT_S, start: bytes = b""
+) -> tuple[bytes, bool]:
     """The bytes of a non-blocking socket up to and including its first blank line (and whatever came in the same
-    read), at most ``limit`` of them, for at most ``wait`` seconds; and whether the client closed its side first."""
+    read), at most ``limit`` of them, for at most ``wait`` seconds, or only what the first reads gave once they
+    cannot begin with ``start`` (a TLS hello, a plain-HTTP request: nothing to wait for); and whether the client
+    closed its side first."""
     loop = asyncio.get_running_loop()
     data = bytearray()
     try:
@@ -103,9 +108,9 @@ async def read_head(sock: socket.socket, limit: int = MAX_HEAD_BYTES, wait: floa
                 chunk = await loop.sock_recv(sock, min(READ_BYTES, limit - len(data)))
                 if not chunk:
                     return bytes(data), True
-                start = max(0, len(data) - 3)  # the blank line may straddle two reads
+                since = max(0, len(data) - 3)  # the blank line may straddle two reads
                 data += chunk
-                if data.find(b"\r\n\r\n", start) >= 0:
+                if data.find(b"\r\n\r\n", since) >= 0 or not start.startswith(data[: len(start)]):
                     break
     except TimeoutError:
         pass
@@ -307,7 +312,7 @@ class RoutingListener:
 
     async def _route(self, conn: socket.socket) -> None:
         try:
-            first, closed = await read_head(conn)
+            first, closed = await read_head(conn, start=b"CONNECT ")
         except OSError as e:  # reset before its head was in
             log.debug("harnessrl: connection gone before its head: %s", e)
             conn.close()
