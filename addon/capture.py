@@ -199,11 +199,10 @@ class Capture:
     def _owner_port(self, user: str) -> int | None:
         """For a shared-port tunnel whose proxy user is ``user``: the internal port of the process that owns that
         session when it is another one and is up; ``None``: this process serves it."""
-        runtime = self.runtime
-        if runtime is None or runtime.workers is None or self._unavailable is not None:
+        if self.runtime is None or self._unavailable is not None:
             return None
-        owner = runtime.workers.owner(user)
-        return runtime.workers.port_of(owner) if owner else None
+        port = self._port_for(user)
+        return None if port == self.runtime.port else port
 
     async def _fail_start(self, e: Exception) -> None:
         """A proxy that cannot start exits non-zero with the reason, answering the calls that waited first."""
